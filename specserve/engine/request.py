@@ -1,0 +1,91 @@
+"""Request: one generation's tokens, settings, state and statistics."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+from specserve.engine.sampling import SamplingParams
+
+_ids = itertools.count()
+
+
+class Status(Enum):
+    WAITING = "waiting"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    FINISHED = "finished"
+
+
+@dataclass
+class SpecParams:
+    """Per-request speculation: n_max = 0 turns it off for this request."""
+
+    n_max: int = 16
+    n_min: int = 0
+    p_min: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.n_min <= max(self.n_max, 0) or self.n_max < 0:
+            raise ValueError(f"need 0 <= draft-min <= draft-max, got {self.n_min} and {self.n_max}")
+        if not 0.0 <= self.p_min <= 1.0:
+            raise ValueError(f"draft p-min must be in [0, 1], got {self.p_min}")
+
+
+@dataclass
+class Timings:
+    """llama.cpp's per-response timing fields, plus draft counts."""
+
+    t_start: float = field(default_factory=time.perf_counter)
+    t_first: float | None = None
+    t_end: float | None = None
+    prompt_n: int = 0
+    predicted_n: int = 0
+    draft_n: int = 0
+    draft_n_accepted: int = 0
+
+    def as_dict(self) -> dict[str, float | int]:
+        first = self.t_first or time.perf_counter()
+        end = self.t_end or time.perf_counter()
+        prompt_ms = (first - self.t_start) * 1e3
+        predicted_ms = (end - first) * 1e3
+        return {
+            "prompt_n": self.prompt_n,
+            "prompt_ms": prompt_ms,
+            "prompt_per_second": self.prompt_n / prompt_ms * 1e3 if prompt_ms > 0 else 0.0,
+            "predicted_n": self.predicted_n,
+            "predicted_ms": predicted_ms,
+            # the first token comes from the prompt pass; the rest from decoding
+            "predicted_per_second": (self.predicted_n - 1) / predicted_ms * 1e3
+            if predicted_ms > 0 and self.predicted_n > 1
+            else 0.0,
+            "draft_n": self.draft_n,
+            "draft_n_accepted": self.draft_n_accepted,
+        }
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    params: SamplingParams
+    spec: SpecParams = field(default_factory=SpecParams)
+    stop_ids: frozenset[int] = frozenset()
+    id: int = field(default_factory=lambda: next(_ids))
+    output: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    slot: int = -1
+    n_prefilled: int = 0
+    seed: int = 0
+    timings: Timings = field(default_factory=Timings)
+
+    @property
+    def context(self) -> list[int]:
+        """Prompt + output; the last output token is not yet in the model's memory."""
+        return self.prompt + self.output
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED

@@ -1,0 +1,52 @@
+"""FlatBatch: the metadata of one forward over several sequences, passed explicitly.
+
+All sequences' new tokens are concatenated into one flat [T] tensor. Sequence i owns rows
+cu_seqlens[i]:cu_seqlens[i+1], lives in cache slot slots[i], and its first new token sits at
+position starts[i] (the number of tokens already cached for that slot).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class FlatBatch:
+    slots: list[int]
+    starts: list[int]
+    cu_seqlens: list[int]
+    positions: torch.Tensor  # [T] int64, absolute position of every row
+
+    @classmethod
+    def build(
+        cls, slots: Sequence[int], starts: Sequence[int], lens: Sequence[int], device: torch.device
+    ) -> FlatBatch:
+        if not len(slots) == len(starts) == len(lens):
+            raise ValueError("slots, starts and lens must have one entry per sequence")
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"a slot appears twice in one batch: {list(slots)}")
+        cu = [0]
+        for n in lens:
+            if n < 1:
+                raise ValueError("every sequence in a batch needs at least one token")
+            cu.append(cu[-1] + n)
+        pos = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lens, strict=True)])
+        return cls(list(slots), list(starts), cu, pos.to(device))
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.slots)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.cu_seqlens[-1]
+
+    def lens(self) -> list[int]:
+        return [b - a for a, b in zip(self.cu_seqlens, self.cu_seqlens[1:], strict=False)]
+
+    def last_rows(self) -> list[int]:
+        """Row index of each sequence's last token (whose logits predict the next one)."""
+        return [c - 1 for c in self.cu_seqlens[1:]]

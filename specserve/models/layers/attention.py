@@ -1,0 +1,50 @@
+"""Self-attention with grouped KV heads, optional qkv bias, q/k norm and sliding window."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specserve.cache.kv import KVCache
+from specserve.models.batch import FlatBatch
+from specserve.models.config import ModelConfig
+from specserve.models.layers.basic import RMSNorm, RotaryEmbedding, apply_rotary
+from specserve.ops.naive.attention import cached_attention
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+        )
+        hd = cfg.head_dim
+        self.q = nn.Linear(cfg.hidden_size, cfg.num_heads * hd, bias=cfg.attention_bias)
+        self.k = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * hd, bias=cfg.attention_bias)
+        self.v = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * hd, bias=cfg.attention_bias)
+        self.o = nn.Linear(cfg.num_heads * hd, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.rope = RotaryEmbedding(hd, *cfg.layer_rope(layer))
+        self.window = cfg.layer_window(layer)
+        assert cfg.query_scale is not None
+        self.scale = cfg.query_scale
+
+    def forward(self, x: torch.Tensor, batch: FlatBatch, cache: KVCache) -> torch.Tensor:
+        """x: [T, hidden] -> [T, hidden]; writes this layer's new K/V into the cache."""
+        T = x.shape[0]
+        q = self.q(x).view(T, self.num_heads, self.head_dim)
+        k = self.k(x).view(T, self.num_kv_heads, self.head_dim)
+        v = self.v(x).view(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = self.rope.cos_sin(batch.positions, x.dtype)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        cache.write(self.layer, batch, k, v)
+        o = cached_attention(
+            q, cache.k[self.layer], cache.v[self.layer], batch, self.scale, self.window
+        )
+        return self.o(o.reshape(T, -1))

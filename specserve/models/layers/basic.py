@@ -1,0 +1,75 @@
+"""Norm, rotary embedding and gated MLP: the small pieces of every dense transformer."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """y = x / rms(x) * w over the last dim.
+
+    Gemma's (1 + w) form is folded into `w` by the loaders, so one norm serves all families.
+    Half-precision inputs are normalised in float32 (as llama.cpp and transformers do);
+    float32/float64 inputs stay in their own dtype so float64 runs are exact.
+    """
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float() if x.element_size() < 4 else x
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (h * self.weight.to(h.dtype)).to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """NeoX-style rotary embedding (rotate halves), angles computed in float32.
+
+    float32 angles match transformers and llama.cpp; the rotation itself runs in the
+    activation dtype. `scale` divides positions (linear rope scaling). The frequencies are
+    made on first use, on the positions' device, so the module can be built on `meta`.
+    """
+
+    def __init__(self, head_dim: int, theta: float, scale: float = 1.0) -> None:
+        super().__init__()
+        self.head_dim, self.theta, self.scale = head_dim, theta, scale
+        self._inv_freq: torch.Tensor | None = None
+
+    def inv_freq(self, device: torch.device) -> torch.Tensor:
+        if self._inv_freq is None or self._inv_freq.device != device:
+            exponent = torch.arange(0, self.head_dim, 2, dtype=torch.int64).float() / self.head_dim
+            self._inv_freq = (1.0 / (self.theta**exponent) / self.scale).to(device)
+        return self._inv_freq
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """positions: [T] -> cos, sin: [T, 1, head_dim] (broadcast over heads)."""
+        freqs = positions.float()[:, None] * self.inv_freq(positions.device)[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, H, D]; cos, sin: [T, 1, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)): SwiGLU (llama, qwen) or GeGLU with tanh-gelu (gemma)."""
+
+    def __init__(self, hidden: int, inner: int, activation: str) -> None:
+        super().__init__()
+        self.gate = nn.Linear(hidden, inner, bias=False)
+        self.up = nn.Linear(hidden, inner, bias=False)
+        self.down = nn.Linear(inner, hidden, bias=False)
+        self.activation = activation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = self.gate(x)
+        g = F.silu(g) if self.activation == "silu" else F.gelu(g, approximate="tanh")
+        return self.down(g * self.up(x))

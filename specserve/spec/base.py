@@ -1,0 +1,177 @@
+"""The one interface every speculator implements, and the statistics they all report.
+
+Shape of the protocol (after llama.cpp's common/speculative.h):
+
+    spec.begin(slot, prompt)            # a slot starts a new sequence
+    drafts = spec.draft(requests)       # one DraftRequest per decoding slot -> one Draft each
+    spec.accept(slot, n_accepted)       # how many of that slot's last draft the target kept
+    spec.reset(slot)                    # the slot is freed
+
+Speculators only propose tokens. They never touch the target's memory, and the engine
+never asks which kind of speculator it holds. Subclasses implement `_draft` (and
+optionally `_begin`, `_accept`, `_reset`); counting and timing happen here, once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class DraftRequest:
+    """What a speculator is asked for one slot.
+
+    tokens: the slot's whole context so far (prompt + every emitted token, the last one
+        being the token the target produced most recently and has not yet fed back).
+    n_max: most draft tokens wanted; n_min: drafts shorter than this are dropped (empty).
+    """
+
+    slot: int
+    tokens: Sequence[int]
+    n_max: int
+    n_min: int = 0
+    p_min: float = 0.0
+
+
+@dataclass
+class Draft:
+    """Proposed tokens for one slot; `probs` is the drafter's distribution when it has one.
+
+    tokens: [k] proposed token ids (k may be 0).
+    probs: [k, V] draft probabilities q(x | prefix) for each proposed position, or None.
+    """
+
+    tokens: list[int] = field(default_factory=list)
+    probs: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class SpecStats:
+    """Counters every speculator reports (llama.cpp's names in brackets).
+
+    drafts_generated: non-empty drafts proposed [n_gen_drafts]
+    drafts_accepted: drafts of which at least one token was kept [n_acc_drafts]
+    tokens_generated: draft tokens proposed [n_gen_tokens]
+    tokens_accepted: draft tokens kept [n_acc_tokens]
+    accepted_per_pos[i]: how often draft position i was kept
+    proposed_per_pos[i]: how often a draft had a token at position i
+    accept_len_hist[n]: how many drafts had exactly n tokens kept
+    draft_seconds: wall time spent inside draft()
+    """
+
+    drafts_generated: int = 0
+    drafts_accepted: int = 0
+    tokens_generated: int = 0
+    tokens_accepted: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    proposed_per_pos: list[int] = field(default_factory=list)
+    accept_len_hist: list[int] = field(default_factory=list)
+    draft_seconds: float = 0.0
+
+    def record_draft(self, n_tokens: int) -> None:
+        if n_tokens == 0:
+            return
+        self.drafts_generated += 1
+        self.tokens_generated += n_tokens
+        _grow(self.proposed_per_pos, n_tokens)
+        for i in range(n_tokens):
+            self.proposed_per_pos[i] += 1
+
+    def record_accept(self, n_accepted: int) -> None:
+        self.tokens_accepted += n_accepted
+        self.drafts_accepted += int(n_accepted > 0)
+        _grow(self.accepted_per_pos, n_accepted)
+        for i in range(n_accepted):
+            self.accepted_per_pos[i] += 1
+        _grow(self.accept_len_hist, n_accepted + 1)
+        self.accept_len_hist[n_accepted] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.tokens_accepted / self.tokens_generated if self.tokens_generated else 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "drafts_generated": self.drafts_generated,
+            "drafts_accepted": self.drafts_accepted,
+            "tokens_generated": self.tokens_generated,
+            "tokens_accepted": self.tokens_accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "accepted_per_pos": list(self.accepted_per_pos),
+            "proposed_per_pos": list(self.proposed_per_pos),
+            "accept_len_hist": list(self.accept_len_hist),
+            "draft_seconds": self.draft_seconds,
+        }
+
+
+def _grow(counts: list[int], n: int) -> None:
+    if len(counts) < n:
+        counts.extend([0] * (n - len(counts)))
+
+
+class Speculator:
+    """Base class: subclasses override `_draft` and, where they keep per-slot state, the hooks."""
+
+    name = "base"
+
+    def __init__(self) -> None:
+        self.stats = SpecStats()
+        # the draft length proposed last for each slot, so accept() can be checked and counted
+        self._last_len: dict[int, int] = {}
+
+    def begin(self, slot: int, prompt: Sequence[int]) -> None:
+        self._last_len.pop(slot, None)
+        self._begin(slot, prompt)
+
+    def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        t0 = time.perf_counter()
+        drafts = self._draft(requests)
+        self.stats.draft_seconds += time.perf_counter() - t0
+        out = []
+        for req, d in zip(requests, drafts, strict=True):
+            d = _clip(d, req.n_max)
+            if len(d) < max(req.n_min, 1):
+                d = Draft()
+            self._last_len[req.slot] = len(d)
+            self.stats.record_draft(len(d))
+            out.append(d)
+        return out
+
+    def accept(self, slot: int, n_accepted: int) -> None:
+        proposed = self._last_len.pop(slot, 0)
+        if not 0 <= n_accepted <= proposed:
+            raise ValueError(f"slot {slot}: accepted {n_accepted} of a {proposed}-token draft")
+        if proposed:
+            self.stats.record_accept(n_accepted)
+        self._accept(slot, n_accepted)
+
+    def reset(self, slot: int) -> None:
+        self._last_len.pop(slot, None)
+        self._reset(slot)
+
+    # hooks -------------------------------------------------------------------------------
+    def _begin(self, slot: int, prompt: Sequence[int]) -> None:
+        pass
+
+    def _draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        raise NotImplementedError
+
+    def _accept(self, slot: int, n_accepted: int) -> None:
+        pass
+
+    def _reset(self, slot: int) -> None:
+        pass
+
+
+def _clip(d: Draft, n_max: int) -> Draft:
+    if len(d) <= n_max:
+        return d
+    probs = d.probs[:n_max] if d.probs is not None else None
+    return Draft(list(d.tokens[:n_max]), probs)

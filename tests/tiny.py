@@ -1,0 +1,86 @@
+"""Tiny random-weight models written by the tests, in the real HF layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+VOCAB = 128
+
+
+def hf_config(arch: str, **overrides):  # noqa: ANN003, ANN201 (a transformers config)
+    from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=2.0**-20,  # exact in float32, as GGUF stores it
+        tie_word_embeddings=False,
+    )
+    if arch == "llama":
+        return LlamaConfig(**{**common, "rope_theta": 500000.0, **overrides})
+    if arch == "qwen2":
+        return Qwen2Config(**{**common, "rope_theta": 1e6, **overrides})
+    if arch == "qwen3":
+        return Qwen3Config(**{**common, "head_dim": 32, "rope_theta": 1e6, **overrides})
+    if arch == "gemma3":
+        gemma = {
+            **common,
+            "num_hidden_layers": 4,
+            "tie_word_embeddings": True,
+            "head_dim": 32,
+            "query_pre_attn_scalar": 24,
+            "sliding_window": 6,
+            "layer_types": ["sliding_attention"] * 2 + ["full_attention", "sliding_attention"],
+        }
+        return Gemma3TextConfig(**{**gemma, **overrides})
+    raise ValueError(arch)
+
+
+def make_hf_model(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:  # noqa: ANN003
+    """A float64 transformers model with random weights (norm weights randomised too)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        model = AutoModelForCausalLM.from_config(
+            hf_config(arch, **overrides), attn_implementation="sdpa"
+        )
+    finally:
+        torch.set_default_dtype(prev)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(torch.rand_like(p) * 0.5 + (0.0 if arch == "gemma3" else 0.75))
+            else:
+                p.normal_(0.0, 0.08)
+    return model.eval()
+
+
+def write_hf_folder(arch: str, folder: Path, seed: int = 0) -> torch.nn.Module:
+    model = make_hf_model(arch, seed)
+    model.save_pretrained(str(folder))
+    return model
+
+
+def write_tokenizer(folder: Path) -> None:
+    """A character-level tokenizer over the tiny vocab (ids 32..126 are printable ASCII)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<|endoftext|>": 1, **{chr(i): i for i in range(32, 127)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", eos_token="<|endoftext|>"
+    )
+    fast.save_pretrained(str(folder))
