@@ -27,11 +27,9 @@ def _models(args: argparse.Namespace) -> None:
 
 
 def _generate(args: argparse.Namespace) -> None:
-    from specserve.engine.engine import Engine
     from specserve.engine.request import Request, SpecParams
-    from specserve.engine.runner import ModelRunner
     from specserve.engine.sampling import SamplingParams
-    from specserve.loading.model import load_model
+    from specserve.engine.setup import EngineSettings, build_engine
 
     params = SamplingParams(
         temperature=args.temperature,
@@ -41,7 +39,15 @@ def _generate(args: argparse.Namespace) -> None:
         seed=args.seed,
         max_tokens=args.max_tokens,
     )
-    loaded = load_model(args.model, args.dtype, progress=not args.json)
+    spec = SpecParams(args.draft_max, args.draft_min, args.draft_p_min)
+    settings = EngineSettings(
+        model=args.model,
+        dtype=args.dtype,
+        ctx_size=args.ctx_size,
+        spec_types=(args.spec_type,),
+        draft_model=args.draft_model,
+    )
+    engine, loaded = build_engine(settings, progress=not args.json)
     tok = loaded.tokenizer
     if tok is None:
         raise SpecserveError(f"{loaded.path} has no tokenizer files")
@@ -50,11 +56,7 @@ def _generate(args: argparse.Namespace) -> None:
         if args.chat
         else tok.encode(args.prompt)
     )
-    ctx = args.ctx_size or min(loaded.cfg.context_length, 4096)
-    runner = ModelRunner(loaded.model, num_slots=1, max_len=ctx)
-    engine = Engine(runner)
-    req = Request(prompt, params, SpecParams(n_max=0), stop_ids=tok.eog_ids)
-    engine.add_request(req)
+    req = engine.add_request(Request(prompt, params, spec, stop_ids=tok.eog_ids))
     shown = 0
     while engine.has_work():
         engine.step()
@@ -62,6 +64,7 @@ def _generate(args: argparse.Namespace) -> None:
             text = tok.decode(req.output)
             print(text[shown:], end="", flush=True)
             shown = len(text)
+    stats = engine.speculator.stats.as_dict() if engine.speculator else None
     if args.json:
         out = {
             "text": tok.decode(req.output),
@@ -69,15 +72,18 @@ def _generate(args: argparse.Namespace) -> None:
             "prompt_tokens": len(prompt),
             "finish_reason": req.finish_reason,
             "timings": req.timings.as_dict(),
+            "speculative": stats,
         }
         print(json.dumps(out))
-    else:
-        t = req.timings.as_dict()
-        print(
-            f"\n[{t['prompt_n']} prompt tokens at {t['prompt_per_second']:.1f} tok/s, "
-            f"{t['predicted_n']} generated at {t['predicted_per_second']:.1f} tok/s]",
-            file=sys.stderr,
-        )
+        return
+    t = req.timings.as_dict()
+    line = (
+        f"\n[{t['prompt_n']} prompt tokens at {t['prompt_per_second']:.1f} tok/s, "
+        f"{t['predicted_n']} generated at {t['predicted_per_second']:.1f} tok/s"
+    )
+    if stats:
+        line += f", drafted {t['draft_n']}, accepted {t['draft_n_accepted']}"
+    print(line + "]", file=sys.stderr)
 
 
 def _bench(args: argparse.Namespace) -> None:
@@ -111,7 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top one")
     g.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
     g.add_argument("--json", action="store_true", help="print one JSON object with the result")
+    _spec_args(g)
     g.set_defaults(func=_generate)
+
+    from specserve.server.cli_args import add_serve_args, run_serve
+
+    srv = sub.add_parser("serve", help="OpenAI-compatible HTTP server with parallel slots")
+    add_serve_args(srv)
+    srv.set_defaults(func=run_serve)
 
     b = sub.add_parser("bench", help="benchmarks that print a table")
     bsub = b.add_subparsers(dest="bench", required=True)
@@ -121,6 +134,29 @@ def build_parser() -> argparse.ArgumentParser:
     add_args(bd)
     b.set_defaults(func=_bench)
     return p
+
+
+def _spec_args(p: argparse.ArgumentParser) -> None:
+    from specserve.engine.request import SpecParams
+    from specserve.spec.registry import SPEC_TYPES
+
+    d = SpecParams()
+    s = p.add_argument_group("speculative decoding (greedy output is the same with it on or off)")
+    s.add_argument(
+        "--spec-type",
+        default="none",
+        help=f"comma-separated types ({', '.join(SPEC_TYPES)}); several make a chain that "
+        "picks the best draft per step (default none)",
+    )
+    s.add_argument("--draft-model", default=None, help="draft model (name, .gguf or folder)")
+    s.add_argument("--draft-max", type=int, default=d.n_max, help=f"most draft tokens ({d.n_max})")
+    s.add_argument("--draft-min", type=int, default=d.n_min, help="drop shorter drafts (0)")
+    s.add_argument(
+        "--draft-p-min",
+        type=float,
+        default=d.p_min,
+        help=f"a draft model stops below this probability ({d.p_min})",
+    )
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:

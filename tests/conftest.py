@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+# Tiny models gain nothing from a second thread, and on a busy 2-core machine OpenMP's
+# spinning threads make them up to 50x slower. Real-model fixtures ask for more.
+torch.set_num_threads(int(os.environ.get("SPECSERVE_TEST_THREADS", "1")))
+
+
+@pytest.fixture()
+def real_threads():  # noqa: ANN201
+    """Run one real-model test with the machine's cores (at most 2), then back to 1."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ from specserve.engine.runner import ModelRunner, SlotInput
 from specserve.engine.sampling import apply_penalties, probs_from_logits, resolve_seed
 from specserve.engine.scheduler import Scheduler, StepPlan
 from specserve.errors import SpecserveError
+from specserve.spec.adaptive import DraftBudget
 from specserve.spec.base import Draft, DraftRequest, Speculator
 from specserve.spec.verify import VerifyResult, verify_slot
 
@@ -34,6 +35,7 @@ class Engine:
     ) -> None:
         self.runner = runner
         self.speculator = speculator
+        self.budget = DraftBudget()
         self.scheduler = Scheduler(runner.memory.num_slots, prefill_chunk)
 
     def add_request(self, req: Request) -> Request:
@@ -69,6 +71,7 @@ class Engine:
             self.runner.memory.commit(req.slot, len(req.context) + result.accepted)
             if self.speculator is not None:
                 self.speculator.accept(req.slot, result.accepted)
+            self.budget.update(req.slot, len(draft), result.accepted, req.spec.n_max)
             req.timings.draft_n += len(draft)
             req.timings.draft_n_accepted += result.accepted
             out.append(self._emit(req, result.tokens))
@@ -84,9 +87,10 @@ class Engine:
             DraftRequest(
                 r.slot,
                 r.context,
-                min(r.spec.n_max, max_len - len(r.context)),
+                min(self.budget.limit(r.slot, r.spec.n_max), max_len - len(r.context)),
                 r.spec.n_min,
                 r.spec.p_min,
+                r.spec.types,
             )
             for r in wanted
         ]
@@ -148,10 +152,22 @@ class Engine:
             self.step()
         return requests
 
+    def abort(self, req: Request) -> None:
+        """Stop a request (client gone): a running one frees its slot now, a waiting one
+        leaves the queue. Call it from the thread that steps the engine, between steps."""
+        if req.finished:
+            return
+        if req in self.scheduler.waiting:
+            self.scheduler.waiting.remove(req)
+            req.status, req.finish_reason = Status.FINISHED, "abort"
+            return
+        self._finish(req, "abort")
+
     def _finish(self, req: Request, reason: str) -> None:
         req.finish_reason = reason
         req.timings.t_end = time.perf_counter()
         self.scheduler.finish(req)
         self.runner.memory.free(req.slot)
+        self.budget.reset(req.slot)
         if self.speculator is not None:
             self.speculator.reset(req.slot)

@@ -21,11 +21,17 @@ class Status(Enum):
 
 @dataclass
 class SpecParams:
-    """Per-request speculation: n_max = 0 turns it off for this request."""
+    """Per-request speculation: n_max = 0 turns it off for this request.
+
+    n_max / n_min: most / fewest draft tokens (shorter drafts are dropped); p_min: a draft
+    model stops before a token it gives less probability (llama.cpp's default 0.75);
+    types: the speculator types this request may use (None = all that are loaded).
+    """
 
     n_max: int = 16
     n_min: int = 0
-    p_min: float = 0.0
+    p_min: float = 0.75
+    types: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.n_min <= max(self.n_max, 0) or self.n_max < 0:

@@ -7,23 +7,14 @@ once, and returns each slot's logits for the rows it asked for.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from specserve.cache.memory import Memory
 from specserve.errors import SpecserveError
-from specserve.models.batch import FlatBatch
+from specserve.models.batch import FlatBatch, SlotInput
 from specserve.models.llama import DenseTransformer
 
-
-@dataclass
-class SlotInput:
-    """tokens: new tokens for the slot; n_logits: logits wanted for its last n_logits rows."""
-
-    slot: int
-    tokens: list[int]
-    n_logits: int = 1
+__all__ = ["ModelRunner", "SlotInput"]
 
 
 class ModelRunner:

@@ -50,3 +50,12 @@ class FlatBatch:
     def last_rows(self) -> list[int]:
         """Row index of each sequence's last token (whose logits predict the next one)."""
         return [c - 1 for c in self.cu_seqlens[1:]]
+
+
+@dataclass
+class SlotInput:
+    """One slot's share of a step: new tokens, and logits wanted for its last n_logits rows."""
+
+    slot: int
+    tokens: list[int]
+    n_logits: int = 1

@@ -35,6 +35,8 @@ class DraftRequest:
     n_max: int
     n_min: int = 0
     p_min: float = 0.0
+    # speculator types this request allows (None = any); others answer with an empty draft
+    types: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -63,7 +65,11 @@ class SpecStats:
     accepted_per_pos[i]: how often draft position i was kept
     proposed_per_pos[i]: how often a draft had a token at position i
     accept_len_hist[n]: how many drafts had exactly n tokens kept
+    drafts_full: drafts kept whole; empty_drafts: draft() answers with no tokens for a slot
     draft_seconds: wall time spent inside draft()
+
+    Drafts are counted when they are verified (accept), so a draft that a chain did not
+    use (discard) does not count against its drafter.
     """
 
     drafts_generated: int = 0
@@ -73,18 +79,19 @@ class SpecStats:
     accepted_per_pos: list[int] = field(default_factory=list)
     proposed_per_pos: list[int] = field(default_factory=list)
     accept_len_hist: list[int] = field(default_factory=list)
+    drafts_full: int = 0
+    empty_drafts: int = 0
     draft_seconds: float = 0.0
 
     def record_draft(self, n_tokens: int) -> None:
-        if n_tokens == 0:
-            return
         self.drafts_generated += 1
         self.tokens_generated += n_tokens
         _grow(self.proposed_per_pos, n_tokens)
         for i in range(n_tokens):
             self.proposed_per_pos[i] += 1
 
-    def record_accept(self, n_accepted: int) -> None:
+    def record_accept(self, n_accepted: int, n_proposed: int) -> None:
+        self.drafts_full += int(n_accepted == n_proposed)
         self.tokens_accepted += n_accepted
         self.drafts_accepted += int(n_accepted > 0)
         _grow(self.accepted_per_pos, n_accepted)
@@ -107,6 +114,8 @@ class SpecStats:
             "accepted_per_pos": list(self.accepted_per_pos),
             "proposed_per_pos": list(self.proposed_per_pos),
             "accept_len_hist": list(self.accept_len_hist),
+            "drafts_full": self.drafts_full,
+            "empty_drafts": self.empty_drafts,
             "draft_seconds": self.draft_seconds,
         }
 
@@ -130,9 +139,15 @@ class Speculator:
         self._last_len.pop(slot, None)
         self._begin(slot, prompt)
 
+    def serves(self, types: tuple[str, ...] | None) -> bool:
+        """Whether a request that allows `types` may get this speculator's drafts."""
+        return types is None or self.name in types
+
     def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         t0 = time.perf_counter()
-        drafts = self._draft(requests)
+        asked = [r for r in requests if self.serves(r.types)]
+        made = iter(self._draft(asked) if asked else [])
+        drafts = [next(made) if self.serves(r.types) else Draft() for r in requests]
         self.stats.draft_seconds += time.perf_counter() - t0
         out = []
         for req, d in zip(requests, drafts, strict=True):
@@ -140,17 +155,23 @@ class Speculator:
             if len(d) < max(req.n_min, 1):
                 d = Draft()
             self._last_len[req.slot] = len(d)
-            self.stats.record_draft(len(d))
+            self.stats.empty_drafts += int(not d)
             out.append(d)
         return out
 
     def accept(self, slot: int, n_accepted: int) -> None:
+        """The target kept n_accepted tokens of the slot's last draft."""
         proposed = self._last_len.pop(slot, 0)
         if not 0 <= n_accepted <= proposed:
             raise ValueError(f"slot {slot}: accepted {n_accepted} of a {proposed}-token draft")
-        if proposed:
-            self.stats.record_accept(n_accepted)
-        self._accept(slot, n_accepted)
+        if proposed:  # as llama.cpp: only a verified, non-empty draft teaches anything
+            self.stats.record_draft(proposed)
+            self.stats.record_accept(n_accepted, proposed)
+            self._accept(slot, n_accepted, proposed)
+
+    def discard(self, slot: int) -> None:
+        """The slot's last draft was not verified (a chain chose another drafter's)."""
+        self._last_len.pop(slot, None)
 
     def reset(self, slot: int) -> None:
         self._last_len.pop(slot, None)
@@ -163,8 +184,8 @@ class Speculator:
     def _draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         raise NotImplementedError
 
-    def _accept(self, slot: int, n_accepted: int) -> None:
-        pass
+    def _accept(self, slot: int, n_accepted: int, n_proposed: int) -> None:
+        """n_accepted of the n_proposed (> 0) tokens drafted last for `slot` were kept."""
 
     def _reset(self, slot: int) -> None:
         pass

@@ -50,39 +50,6 @@ def check_positive(**params: int) -> None:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
-class FeedbackSpeculator(Speculator):
-    """A speculator whose state learns from accept(); it needs each slot's *proposed* length.
-
-    The base class clips drafts (n_max) and drops short ones (n_min) after `_draft`, and
-    llama.cpp's server calls accept only for slots that proposed a non-empty draft. So we
-    record what `draft` really returned and ignore feedback for drafts that were dropped.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._proposed: dict[int, int] = {}
-
-    def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
-        drafts = super().draft(requests)
-        for req, d in zip(requests, drafts, strict=True):
-            self._proposed[req.slot] = len(d)
-        return drafts
-
-    def _accept(self, slot: int, n_accepted: int) -> None:
-        n_proposed = self._proposed.pop(slot, 0)
-        if n_proposed:
-            self._feedback(slot, n_accepted, n_proposed)
-
-    def _feedback(self, slot: int, n_accepted: int, n_proposed: int) -> None:
-        """n_accepted of the n_proposed (> 0) tokens drafted last for `slot` were kept."""
-
-    def _begin(self, slot: int, prompt: Sequence[int]) -> None:
-        self._proposed.pop(slot, None)
-
-    def _reset(self, slot: int) -> None:
-        self._proposed.pop(slot, None)
-
-
 # ngram-simple -----------------------------------------------------------------------------
 
 
@@ -361,7 +328,7 @@ class _MapSlot:
         return self.context.view[start : start + count].tolist()
 
 
-class _NgramMap(FeedbackSpeculator):
+class _NgramMap(Speculator):
     """Shared machinery of ngram-map-k and ngram-map-k4v: per-slot `_MapSlot`s, feedback."""
 
     def __init__(self, n: int = 12, m: int = 48, min_hits: int = 1) -> None:
@@ -391,7 +358,7 @@ class _NgramMap(FeedbackSpeculator):
     def _draft_slot(self, state: _MapSlot) -> list[int]:
         raise NotImplementedError
 
-    def _feedback(self, slot: int, n_accepted: int, n_proposed: int) -> None:
+    def _accept(self, slot: int, n_accepted: int, n_proposed: int) -> None:
         state = self._slots.get(slot)
         if state is not None and state.last is not None:
             stats, i = state.last

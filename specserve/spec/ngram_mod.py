@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specserve.spec.base import Draft, DraftRequest
-from specserve.spec.ngram import FeedbackSpeculator, check_positive
+from specserve.spec.ngram import Speculator, check_positive
 
 _MULT = 6364136223846793005  # llama.cpp's hash multiplier (Knuth's MMIX LCG constant)
 _MASK = (1 << 64) - 1
@@ -157,7 +157,7 @@ class _SeqInfo:
     n_low: int = 0  # consecutive drafts with a low accepted fraction
 
 
-class NgramMod(FeedbackSpeculator):
+class NgramMod(Speculator):
     """`ngram-mod`: drafts from one `NgramHashTable` that every slot feeds and reads.
 
     n_match: n-gram length [--spec-ngram-size-n, 24; llama.cpp warns below 16];
@@ -209,7 +209,7 @@ class NgramMod(FeedbackSpeculator):
         draft = self.table.chain(tokens[len(tokens) - n :], limit)
         return draft if len(draft) >= self.n_min else []
 
-    def _feedback(self, slot: int, n_accepted: int, n_proposed: int) -> None:
+    def _accept(self, slot: int, n_accepted: int, n_proposed: int) -> None:
         info = self._seqs.setdefault(slot, _SeqInfo())
         if n_accepted / n_proposed >= LOW_ACCEPT:
             info.n_low = 0

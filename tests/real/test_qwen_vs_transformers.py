@@ -32,7 +32,9 @@ def hf_model(qwen05_path):  # noqa: ANN001, ANN201
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("prompt", "n_tokens"), PROMPTS)
-def test_greedy_tokens_equal_transformers(prompt: str, n_tokens: int, qwen05_f32, hf_model) -> None:  # noqa: ANN001
+def test_greedy_tokens_equal_transformers(
+    prompt: str, n_tokens: int, qwen05_f32, hf_model, real_threads
+) -> None:  # noqa: ANN001
     tok = qwen05_f32.tokenizer
     ids = tok.chat([{"role": "user", "content": prompt}])
     engine = Engine(ModelRunner(qwen05_f32.model, num_slots=1, max_len=512))

@@ -1,0 +1,333 @@
+"""The three generation endpoints: request body -> engine Request -> OpenAI response or SSE.
+
+Every endpoint does the same four things: check the body, build the prompt ids, submit
+(`_start`: settings checked, queue full -> 503, engine refusal -> 400), then either
+collect the text or stream it. The text always comes from one `TextStream`, so streaming
+and non-streaming give the same text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from specserve.engine.request import Request as EngineRequest
+from specserve.engine.request import SpecParams
+from specserve.engine.sampling import SamplingParams
+from specserve.errors import SpecserveError
+from specserve.loading.tokenizer import Tokenizer
+from specserve.server import streams
+from specserve.server.loop import EngineFailure, EngineLoop, Handle, QueueFull
+from specserve.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ContentPart,
+    GenerationRequest,
+    ResponsesRequest,
+    SpeculativeSettings,
+)
+from specserve.server.streams import Finish
+from specserve.server.text import TextStream
+
+
+class ApiError(Exception):
+    """An error the client gets as OpenAI's error body with this status."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str | None = None,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type or ("invalid_request_error" if status < 500 else "server_error")
+        self.param = param
+        self.code = code
+        self.headers: dict[str, str] = dict(headers or {})
+
+
+class EngineStream(StreamingResponse):
+    """An SSE response that cancels its request however it ends (client gone included)."""
+
+    def __init__(self, handle: Handle, chunks: AsyncIterator[str]) -> None:
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        super().__init__(chunks, media_type="text/event-stream", headers=headers)
+        self.handle = handle
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.handle.cancel()  # no-op when it finished
+
+
+class Generator:
+    """Turns OpenAI requests into engine requests and engine events into OpenAI responses."""
+
+    def __init__(
+        self,
+        loop: EngineLoop,
+        tokenizer: Tokenizer,
+        model_id: str,
+        spec_types: tuple[str, ...],
+        spec_defaults: SpecParams,
+    ) -> None:
+        self.loop = loop
+        self.tok = tokenizer
+        self.model_id = model_id
+        self.spec_types = spec_types
+        self.spec_defaults = spec_defaults
+        self.max_len = loop.engine.runner.memory.max_len
+        self.vocab_size = loop.engine.runner.vocab_size
+
+    # -- endpoints -------------------------------------------------------------------------
+    async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
+        self._check(body)
+        prompt = self._chat_prompt([(m.role, m.content) for m in body.messages])
+        use_mct = body.max_completion_tokens is not None
+        limit = body.max_completion_tokens if use_mct else body.max_tokens
+        param = "max_completion_tokens" if use_mct else "max_tokens"
+        handle, run = await self._start(body, prompt, limit, param)
+        ids = streams.Ids("chatcmpl-" + uuid.uuid4().hex, self.model_id)
+        if body.stream:
+            usage = bool(body.stream_options and body.stream_options.include_usage)
+            return EngineStream(handle, streams.chat(ids, _errors_as_events(run), usage))
+        text, fin = await _collect(run, handle, request)
+        return JSONResponse(streams.chat_completion(ids, text, fin))
+
+    async def completion(self, body: CompletionRequest, request: Request) -> Response:
+        self._check(body)
+        prompt = self._completion_prompt(body.prompt)
+        handle, run = await self._start(body, prompt, body.max_tokens, "max_tokens")
+        ids = streams.Ids("cmpl-" + uuid.uuid4().hex, self.model_id)
+        if body.stream:
+            usage = bool(body.stream_options and body.stream_options.include_usage)
+            return EngineStream(handle, streams.completion(ids, _errors_as_events(run), usage))
+        text, fin = await _collect(run, handle, request)
+        return JSONResponse(streams.completion_object(ids, text, fin))
+
+    async def response(self, body: ResponsesRequest, request: Request) -> Response:
+        self._check(body)
+        turns: list[tuple[str, str | list[ContentPart] | None]] = []
+        if body.instructions:
+            turns.append(("system", body.instructions))
+        if isinstance(body.input, str):
+            turns.append(("user", body.input))
+        else:
+            turns += [(m.role, m.content) for m in body.input]
+        prompt = self._chat_prompt(turns)
+        handle, run = await self._start(body, prompt, body.max_output_tokens, "max_output_tokens")
+        ids = streams.Ids("resp_" + uuid.uuid4().hex, self.model_id)
+        if body.stream:
+            return EngineStream(handle, streams.response_events(ids, _errors_as_events(run)))
+        text, fin = await _collect(run, handle, request)
+        return JSONResponse(streams.response_object(ids, text, fin))
+
+    # -- checks and prompts ----------------------------------------------------------------
+    def _check(self, body: GenerationRequest) -> None:
+        if body.model and body.model != self.model_id:
+            raise ApiError(
+                404,
+                f"The model `{body.model}` does not exist; this server serves `{self.model_id}`",
+                param="model",
+                code="model_not_found",
+            )
+        if body.n not in (None, 1):
+            raise ApiError(400, f"n must be 1 (one choice per request), got {body.n}", param="n")
+        if body.logprobs:
+            raise ApiError(400, "logprobs are not supported", param="logprobs")
+
+    def _chat_prompt(self, turns: list[tuple[str, str | list[ContentPart] | None]]) -> list[int]:
+        if not self.tok.has_chat_template:
+            raise ApiError(400, "this model has no chat template; use /v1/completions")
+        messages = [{"role": role, "content": _text_of(content)} for role, content in turns]
+        return self.tok.chat(messages)
+
+    def _completion_prompt(self, prompt: str | list[str] | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tok.encode(prompt)
+        if all(isinstance(p, int) for p in prompt):
+            ids = [int(p) for p in prompt]
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ApiError(
+                    400,
+                    f"prompt token ids must be in [0, {self.vocab_size}), got {bad[:5]}",
+                    param="prompt",
+                )
+            return ids
+        if len(prompt) != 1:
+            raise ApiError(400, f"one prompt per request, got {len(prompt)}", param="prompt")
+        return self.tok.encode(str(prompt[0]))
+
+    def _max_tokens(self, prompt_len: int, asked: int | None, param: str) -> int:
+        room = self.max_len - prompt_len
+        if asked is None:
+            return max(room, 1)
+        if asked < 1:
+            raise ApiError(400, f"{param} must be at least 1, got {asked}", param=param)
+        # a prompt that alone overflows gets the engine's own message instead
+        if room > 0 and asked > room:
+            raise ApiError(
+                400,
+                f"the context holds {self.max_len} tokens: the prompt has {prompt_len}, so "
+                f"{param} can be at most {room}, got {asked}",
+                param=param,
+            )
+        return asked
+
+    def _spec(self, asked: SpeculativeSettings | None) -> SpecParams:
+        """The request's speculative settings over the server's (--draft-max etc.)."""
+        d = self.spec_defaults
+        if asked is None:
+            return d
+        unknown = [t for t in asked.types or [] if t not in self.spec_types]
+        if unknown:
+            enabled = ", ".join(self.spec_types) or "none (start the server with --spec-type)"
+            raise ApiError(
+                400,
+                f"speculative types {unknown} are not enabled; enabled: {enabled}",
+                param="speculative.types",
+            )
+        n_max = d.n_max if asked.n_max is None else asked.n_max
+        if self.spec_types and n_max > d.n_max:
+            raise ApiError(
+                400,
+                f"speculative.n_max can be at most --draft-max ({d.n_max}), got {n_max}",
+                param="speculative.n_max",
+            )
+        try:
+            spec = SpecParams(
+                n_max=n_max,
+                n_min=d.n_min if asked.n_min is None else asked.n_min,
+                p_min=d.p_min if asked.p_min is None else asked.p_min,
+            )
+        except ValueError as e:
+            raise ApiError(400, f"speculative: {e}", param="speculative") from e
+        if asked.types == [] or not self.spec_types:
+            return SpecParams(n_max=0)
+        return spec
+
+    # -- running ---------------------------------------------------------------------------
+    async def _start(
+        self, body: GenerationRequest, prompt: list[int], asked: int | None, param: str
+    ) -> tuple[Handle, AsyncIterator[str | Finish]]:
+        """Check the settings, submit, and wait until the engine has taken the request."""
+        params = _sampling(body, self._max_tokens(len(prompt), asked, param))
+        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        req = EngineRequest(prompt, params, self._spec(body.speculative), self.tok.eog_ids)
+        try:
+            handle = self.loop.submit(req)
+        except QueueFull as e:
+            raise ApiError(
+                503, str(e), code="server_overloaded", headers={"Retry-After": "1"}
+            ) from e
+        except EngineFailure as e:
+            raise ApiError(503, str(e)) from e
+        try:
+            await handle.admitted()
+        except SpecserveError as e:
+            raise ApiError(400, str(e)) from e
+        except EngineFailure as e:
+            raise ApiError(503, str(e)) from e
+        except asyncio.CancelledError:
+            handle.cancel()
+            raise
+        return handle, _run(handle, TextStream(self.tok.decode, stop))
+
+
+async def _run(handle: Handle, text: TextStream) -> AsyncIterator[str | Finish]:
+    """Text deltas as the engine produces them, then one Finish."""
+    prompt_n = len(handle.request.prompt)
+    async for event in handle.events():
+        delta = text.push(event.tokens)
+        if text.stopped:
+            handle.cancel()  # a stop string ended it: free the slot now
+        elif event.finished:
+            delta += text.flush()
+        if delta:
+            yield delta
+        if text.stopped or event.finished:
+            reason = "stop" if text.stopped else event.finish_reason or "stop"
+            timings = event.timings or handle.request.timings.as_dict()
+            yield Finish(reason, prompt_n, text.n_tokens, timings)
+            return
+
+
+async def _collect(
+    run: AsyncIterator[str | Finish], handle: Handle, request: Request
+) -> tuple[str, Finish]:
+    """A whole generation's text; the request is cancelled if the client goes away."""
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, handle))
+    parts: list[str] = []
+    try:
+        async for item in run:
+            if isinstance(item, Finish):
+                return "".join(parts), item
+            parts.append(item)
+    except EngineFailure as e:
+        raise ApiError(500, str(e)) from e
+    finally:
+        watcher.cancel()
+        handle.cancel()  # no-op when it finished
+    raise ApiError(500, "the generation ended without a finish reason")
+
+
+async def _errors_as_events(
+    run: AsyncIterator[str | Finish],
+) -> AsyncIterator[str | Finish | Exception]:
+    """Once a stream has started, an engine failure can only be reported inside it."""
+    try:
+        async for item in run:
+            yield item
+    except EngineFailure as e:
+        yield e
+
+
+async def _cancel_on_disconnect(request: Request, handle: Handle) -> None:
+    # a non-streaming client that hangs up is noticed only by polling (no send fails)
+    while not handle.finished:
+        if await request.is_disconnected():
+            handle.cancel()
+            return
+        await asyncio.sleep(0.25)
+
+
+def _sampling(body: GenerationRequest, max_tokens: int) -> SamplingParams:
+    fields: dict[str, Any] = {
+        name: getattr(body, name)
+        for name in (
+            "temperature", "top_p", "top_k", "min_p", "seed",
+            "presence_penalty", "frequency_penalty", "repetition_penalty", "stop_token_ids",
+        )
+        if getattr(body, name) is not None
+    }  # fmt: skip
+    try:
+        return SamplingParams(max_tokens=max_tokens, **fields)
+    except ValueError as e:
+        raise ApiError(400, str(e)) from e
+
+
+def _text_of(content: str | list[ContentPart] | None) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    kinds = {p.type for p in content} - {"text", "input_text", "output_text"}
+    if kinds:
+        raise ApiError(
+            400,
+            f"only text content is supported, got parts of type {sorted(kinds)}",
+            param="messages",
+        )
+    return "".join(p.text or "" for p in content)

@@ -1,0 +1,295 @@
+"""Engine thread <-> asyncio: one thread owns the engine; handlers talk to it through queues.
+
+    handler (event loop)                         engine thread
+    loop.submit(request) -> Handle  --inbox-->   engine.add_request(request)
+                                                 engine.step(), engine.step(), ...
+    async for ev in handle.events() <-----------  Event(tokens, finished, ...)
+                            (loop.call_soon_threadsafe onto the handle's asyncio queue)
+    handle.cancel()                 --inbox-->   engine.abort(request), between steps
+
+Only the engine thread touches the engine. The HTTP side reads counters and slot states
+from a `Snapshot` the thread publishes after every step (one attribute assignment, so a
+reader never sees half an update).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from specserve.engine.engine import Engine, StepOutput
+from specserve.engine.request import Request
+from specserve.errors import SpecserveError
+
+log = logging.getLogger("specserve.server")
+
+Timings = dict[str, float | int]
+_Kind = Literal["add", "cancel", "stop", "abort_all"]
+
+
+class QueueFull(Exception):
+    """Every slot is busy and `--max-queue` requests already wait."""
+
+
+class EngineFailure(Exception):
+    """The engine failed while running a request, or is not running (a server error)."""
+
+
+@dataclass
+class Event:
+    """What a handler receives: new tokens, and at the end the reason and timings."""
+
+    tokens: list[int]
+    finished: bool = False
+    finish_reason: str | None = None
+    timings: Timings | None = None
+    error: Exception | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Engine state as the HTTP side may read it (built by the engine thread)."""
+
+    slots: list[dict[str, Any]] = field(default_factory=list)
+    running: int = 0
+    waiting: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    finished: dict[str, int] = field(default_factory=dict)
+    spec: dict[str, Any] | None = None
+
+
+class Handle:
+    """The asyncio side of one request: its events arrive on an asyncio queue."""
+
+    def __init__(self, request: Request, owner: EngineLoop, aloop: asyncio.AbstractEventLoop):
+        self.request = request
+        self.finished = False  # set on the event loop once the last event is queued
+        self._owner = owner
+        self._aloop = aloop
+        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._cancelled = False
+
+    def post(self, event: Event) -> None:
+        """Engine thread: hand an event to the event loop."""
+        # RuntimeError: the event loop is closed, so nobody is listening any more
+        with contextlib.suppress(RuntimeError):
+            self._aloop.call_soon_threadsafe(self._owner._settle, self, event)
+
+    async def admitted(self) -> None:
+        """Wait until the engine has taken the request; raise what it refused it with."""
+        event = await self._queue.get()
+        if event.error is not None:
+            raise event.error
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Token events up to and including the finishing one; raises on engine failure."""
+        while True:
+            event = await self._queue.get()
+            if event.error is not None:
+                raise event.error
+            yield event
+            if event.finished:
+                return
+
+    def cancel(self) -> None:
+        """Abort the request (client gone, stop string seen); its slot frees next step."""
+        if not self.finished and not self._cancelled:
+            self._cancelled = True
+            self._owner._inbox.put(("cancel", self))
+
+
+class EngineLoop:
+    """Runs `engine.step()` in one background thread while any request is live."""
+
+    def __init__(self, engine: Engine, max_queue: int) -> None:
+        if max_queue < 0:
+            raise SpecserveError(f"--max-queue must be >= 0, got {max_queue}")
+        self.engine = engine
+        self.num_slots = engine.runner.memory.num_slots
+        self.capacity = self.num_slots + max_queue
+        self.snapshot = Snapshot()
+        self._inbox: queue.Queue[tuple[_Kind, Handle | None]] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="specserve-engine", daemon=True)
+        self._in_flight = 0  # event loop thread only
+        # engine thread only from here on
+        self._live: dict[int, Handle] = {}
+        self._stopping = False
+        self._prompt_tokens = 0
+        self._generation_tokens = 0
+        self._finished: Counter[str] = Counter({"stop": 0, "length": 0, "abort": 0, "error": 0})
+
+    # -- event loop side -------------------------------------------------------------------
+    def start(self) -> None:
+        self._publish()
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, drain_timeout: float = 30.0) -> None:
+        """Finish the running requests (at most drain_timeout s), then end the thread."""
+        if not self._thread.is_alive():
+            return
+        self._inbox.put(("stop", None))
+        self._thread.join(drain_timeout)
+        if self._thread.is_alive():
+            log.warning("requests still running after %.0f s: aborting them", drain_timeout)
+            self._inbox.put(("abort_all", None))
+            self._thread.join(10.0)
+
+    def submit(self, request: Request) -> Handle:
+        """Queue a request for the engine; call from the event loop. Raises QueueFull."""
+        if not self.alive:
+            raise EngineFailure("the engine is not running")
+        if self._in_flight >= self.capacity:
+            raise QueueFull(
+                f"all {self.num_slots} slots are busy and {self.capacity - self.num_slots} "
+                "requests are waiting; retry later"
+            )
+        handle = Handle(request, self, asyncio.get_running_loop())
+        self._in_flight += 1
+        self._inbox.put(("add", handle))
+        return handle
+
+    def _settle(self, handle: Handle, event: Event) -> None:
+        if event.finished and not handle.finished:
+            handle.finished = True
+            self._in_flight -= 1
+        handle._queue.put_nowait(event)
+
+    # -- engine thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not (self._stopping and not self.engine.has_work()):
+                self._read_inbox(block=not self.engine.has_work())
+                if self.engine.has_work():
+                    self._step()
+                self._publish()
+        except Exception as e:  # a bug in this loop: fail every request, let /health say so
+            log.exception("the engine thread failed")
+            self._fail_all(e)
+
+    def _read_inbox(self, block: bool) -> None:
+        try:
+            # idle: sleep until a message; the timeout only guards against a lost wake-up
+            item = self._inbox.get(timeout=1.0) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._apply(*item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _apply(self, kind: _Kind, handle: Handle | None) -> None:
+        if kind == "stop":
+            self._stopping = True
+        elif kind == "abort_all":
+            for h in list(self._live.values()):
+                self._abort(h)
+        elif kind == "add" and handle is not None:
+            self._add(handle)
+        elif kind == "cancel" and handle is not None and handle.request.id in self._live:
+            self._abort(handle)
+
+    def _add(self, handle: Handle) -> None:
+        if self._stopping:
+            handle.post(Event([], True, error=EngineFailure("the server is shutting down")))
+            return
+        try:
+            self.engine.add_request(handle.request)
+        except SpecserveError as e:
+            handle.post(Event([], True, error=e))
+            return
+        self._live[handle.request.id] = handle
+        self._prompt_tokens += len(handle.request.prompt)
+        handle.post(Event([]))  # admitted
+
+    def _abort(self, handle: Handle) -> None:
+        req = self._live.pop(handle.request.id).request
+        self.engine.abort(req)
+        self._finished["abort"] += 1
+        handle.post(Event([], True, "abort", req.timings.as_dict()))
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as e:
+            log.exception("engine step failed")
+            self._fail_all(e)
+            return
+        for out in outputs:
+            self._deliver(out)
+
+    def _deliver(self, out: StepOutput) -> None:
+        req = out.request
+        self._generation_tokens += len(out.tokens)
+        if out.finished:
+            self._finished[req.finish_reason or "stop"] += 1
+            handle = self._live.pop(req.id, None)
+            timings = req.timings.as_dict()
+        else:
+            handle = self._live.get(req.id)
+            timings = None
+        if handle is not None:
+            handle.post(Event(out.tokens, out.finished, req.finish_reason, timings))
+
+    def _fail_all(self, error: Exception) -> None:
+        failure = EngineFailure(f"the engine failed: {type(error).__name__}: {error}")
+        for handle in list(self._live.values()):
+            self._live.pop(handle.request.id)
+            self._finished["error"] += 1
+            try:
+                self.engine.abort(handle.request)
+            except Exception:  # the engine is broken already; the request still ends
+                log.exception("could not free the slot of request %d", handle.request.id)
+            handle.post(Event([], True, error=failure))
+
+    def _publish(self) -> None:
+        sched = self.engine.scheduler
+        spec = self.engine.speculator
+        self.snapshot = Snapshot(
+            slots=slot_states(self.engine),
+            running=len(sched.running),
+            waiting=len(sched.waiting),
+            prompt_tokens=self._prompt_tokens,
+            generation_tokens=self._generation_tokens,
+            finished=dict(self._finished),
+            spec=spec.stats.as_dict() if spec is not None else None,
+        )
+
+
+def slot_states(engine: Engine) -> list[dict[str, Any]]:
+    """One llama.cpp-like entry per slot (GET /slots): idle, or the request it runs."""
+    by_slot = {r.slot: r for r in engine.scheduler.running}
+    n_ctx = engine.runner.memory.max_len
+    states: list[dict[str, Any]] = []
+    for slot in range(engine.runner.memory.num_slots):
+        req = by_slot.get(slot)
+        state: dict[str, Any] = {"id": slot, "id_task": -1, "n_ctx": n_ctx}
+        state |= {"is_processing": req is not None, "state": "idle", "speculative": False}
+        if req is not None:
+            state |= {
+                "id_task": req.id,
+                "state": req.status.value,
+                "speculative": engine.speculator is not None and req.spec.n_max > 0,
+                "n_prompt_tokens": len(req.prompt),
+                "n_prompt_tokens_processed": req.n_prefilled,
+                "next_token": {
+                    "has_next_token": True,
+                    "n_decoded": len(req.output),
+                    "n_remain": req.params.max_tokens - len(req.output),
+                },
+            }
+        states.append(state)
+    return states

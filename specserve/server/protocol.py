@@ -1,0 +1,242 @@
+"""The HTTP API's shapes: OpenAI request and response bodies, plus llama.cpp's `timings`.
+
+Requests accept (and ignore) fields we do not model, as OpenAI clients send many
+(`user`, `metadata`, ...); fields we do model are type-checked, and a wrong type is a 400.
+Extensions beyond OpenAI (as vLLM and llama.cpp spell them): `top_k`, `min_p`,
+`repetition_penalty`, `stop_token_ids`, and `speculative`:
+
+    "speculative": {"types": ["ngram-simple"], "n_max": 8, "n_min": 0, "p_min": 0.0}
+
+where every field is optional, `types` picks among the server's `--spec-type` list and
+`"types": []` turns speculation off for this request.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error body: {"error": {"message", "type", "param", "code"}}."""
+
+    error: ErrorDetail
+
+
+# -- requests -------------------------------------------------------------------------------
+
+
+class SpeculativeSettings(BaseModel):
+    """Per-request speculative decoding; unset fields take the server's flags."""
+
+    # a misspelt key here would silently leave speculation as it was: reject it
+    model_config = ConfigDict(extra="forbid")
+
+    types: list[str] | None = None
+    n_max: int | None = None
+    n_min: int | None = None
+    p_min: float | None = None
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class GenerationRequest(BaseModel):
+    """Fields shared by the three generation endpoints."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int | None = None
+    logprobs: bool | int | None = None
+    speculative: SpeculativeSettings | None = None
+
+
+class ContentPart(BaseModel):
+    """One part of a message's content; only text parts are supported."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+
+
+class ChatCompletionRequest(GenerationRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: str | list[str] | list[int]
+    # OpenAI's legacy completions default to 16 tokens
+    max_tokens: int | None = 16
+
+
+class ResponsesInputMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["message"] = "message"
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart]
+
+
+class ResponsesRequest(GenerationRequest):
+    input: str | list[ResponsesInputMessage]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+
+
+# -- responses ------------------------------------------------------------------------------
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    timings: dict[str, float | int] | None = None
+
+
+class ChatDelta(BaseModel):
+    """A stream chunk's delta: OpenAI sends only the fields a chunk carries ({} at the end)."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    timings: dict[str, float | int] | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class Completion(BaseModel):
+    """A legacy completion; streamed chunks have the same shape (OpenAI's convention)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    timings: dict[str, float | int] | None = None
+
+
+class OutputText(BaseModel):
+    type: Literal["output_text"] = "output_text"
+    text: str
+    annotations: list[Any] = Field(default_factory=list)
+
+
+class OutputMessage(BaseModel):
+    type: Literal["message"] = "message"
+    id: str
+    status: Literal["in_progress", "completed", "incomplete"]
+    role: Literal["assistant"] = "assistant"
+    content: list[OutputText]
+
+
+class ResponsesUsage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    input_tokens_details: dict[str, int] = Field(default_factory=lambda: {"cached_tokens": 0})
+    output_tokens_details: dict[str, int] = Field(default_factory=lambda: {"reasoning_tokens": 0})
+
+
+class ResponseObject(BaseModel):
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    status: Literal["in_progress", "completed", "incomplete"]
+    model: str
+    output: list[OutputMessage]
+    usage: ResponsesUsage | None = None
+    incomplete_details: dict[str, str] | None = None
+    error: ErrorDetail | None = None
+    timings: dict[str, float | int] | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "specserve"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,101 @@
+"""`draft`: a small model with the target's vocabulary proposes tokens.
+
+It keeps its own memory slots (one per target slot). Each step it first catches up with
+the tokens the target emitted since last time (rolling its memory back to the longest
+prefix it still shares with the slot's context, so rejected draft tokens are forgotten),
+then drafts greedily: one forward per draft position, all drafting slots batched together.
+A slot stops at n_max, or before a token whose draft probability is below p_min
+(llama.cpp's rule); drafts shorter than n_min are dropped by the base class.
+
+Drafts are the draft model's argmax, so they carry no probabilities: verification samples
+the target at each position and accepts while it agrees. That keeps speculation on ==
+speculation off token for token at any temperature (see spec/verify.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+from specserve.models.batch import SlotInput
+from specserve.spec.base import Draft, DraftRequest, Speculator
+
+
+class DraftMemory(Protocol):
+    def length(self, slot: int) -> int: ...
+    def commit(self, slot: int, n_keep: int) -> None: ...
+    def free(self, slot: int) -> None: ...
+
+
+class DraftRunner(Protocol):
+    """What the speculator drives: the engine's ModelRunner over the draft model."""
+
+    @property
+    def memory(self) -> DraftMemory: ...
+
+    def forward(self, work: list[SlotInput]) -> list[torch.Tensor]: ...
+
+
+def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix: shared_prefix([1, 2, 3], [1, 2, 4]) == 2."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class DraftModelSpeculator(Speculator):
+    name = "draft"
+
+    def __init__(self, runner: DraftRunner, relative_cost: float, prefill_chunk: int = 512) -> None:
+        """relative_cost: one draft forward's cost in target forwards (about the size ratio)."""
+        super().__init__()
+        self.runner = runner
+        self.relative_cost = relative_cost
+        self.prefill_chunk = prefill_chunk
+        self._fed: dict[int, list[int]] = {}  # tokens whose state the draft memory holds
+
+    def _begin(self, slot: int, prompt: Sequence[int]) -> None:
+        self._reset(slot)
+
+    def _reset(self, slot: int) -> None:
+        self.runner.memory.free(slot)
+        self._fed[slot] = []
+
+    def _catch_up(self, req: DraftRequest) -> list[int]:
+        """Roll the slot back to what it shares with the context; return the tokens to feed
+        (at least the newest one, whose logits propose the first draft token)."""
+        fed = self._fed.setdefault(req.slot, [])
+        keep = min(shared_prefix(fed, req.tokens), len(req.tokens) - 1)
+        self.runner.memory.commit(req.slot, keep)
+        del fed[keep:]
+        todo = list(req.tokens[keep:])
+        # long catch-ups (a new prompt) go in chunks, as the target's prefill does
+        while len(todo) > self.prefill_chunk:
+            chunk, todo = todo[: self.prefill_chunk], todo[self.prefill_chunk :]
+            self.runner.forward([SlotInput(req.slot, chunk, 0)])
+            fed.extend(chunk)
+        return todo
+
+    def _draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        drafts = {r.slot: Draft() for r in requests}
+        limits = {r.slot: (r.n_max, r.p_min) for r in requests}
+        work = [SlotInput(r.slot, self._catch_up(r), 1) for r in requests if r.n_max > 0]
+        while work:
+            logits = self.runner.forward(work)
+            nxt = []
+            for w, lg in zip(work, logits, strict=True):
+                self._fed[w.slot].extend(w.tokens)
+                probs = torch.softmax(lg[-1].float(), dim=-1)
+                p, tok = probs.max(dim=-1)
+                n_max, p_min = limits[w.slot]
+                if float(p) < p_min:
+                    continue
+                drafts[w.slot].tokens.append(int(tok))
+                if len(drafts[w.slot]) < n_max:
+                    nxt.append(SlotInput(w.slot, [int(tok)], 1))
+            work = nxt
+        return [drafts[r.slot] for r in requests]

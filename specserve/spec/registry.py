@@ -1,0 +1,65 @@
+"""Speculator types by name (`--spec-type a,b,c`) -> one Speculator (a chain when several)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from importlib import import_module
+
+from specserve.errors import SpecserveError
+from specserve.spec.base import Speculator
+from specserve.spec.chain import ChainSpeculator
+from specserve.spec.draft_model import DraftModelSpeculator, DraftRunner
+
+# name -> "module:Class" of the drafters that need nothing but their defaults
+_SIMPLE = {
+    "ngram-simple": "specserve.spec.ngram:NgramSimple",
+    "ngram-map-k": "specserve.spec.ngram:NgramMapK",
+    "ngram-map-k4v": "specserve.spec.ngram:NgramMapK4V",
+    "ngram-mod": "specserve.spec.ngram_mod:NgramMod",
+    "ngram-cache": "specserve.spec.ngram_cache:NgramCacheSpeculator",
+    "suffix": "specserve.spec.suffix:SuffixSpeculator",
+}
+SPEC_TYPES = (*_SIMPLE, "draft", "mtp")
+
+
+def parse_types(text: str | Sequence[str] | None) -> list[str]:
+    """'ngram-mod,draft' or ['ngram-mod', 'draft'] -> validated names ('' / 'none' = none)."""
+    if text is None:
+        return []
+    items = text.split(",") if isinstance(text, str) else list(text)
+    names = [t.strip() for t in items if t.strip() and t.strip() != "none"]
+    unknown = [t for t in names if t not in SPEC_TYPES]
+    if unknown:
+        raise SpecserveError(
+            f"unknown speculative type(s) {', '.join(unknown)}; choose from {', '.join(SPEC_TYPES)}"
+        )
+    if len(set(names)) != len(names):
+        raise SpecserveError(f"a speculative type is listed twice: {','.join(names)}")
+    return names
+
+
+def _simple(name: str) -> Speculator:
+    module, cls = _SIMPLE[name].split(":")
+    factory: Callable[[], Speculator] = getattr(import_module(module), cls)
+    return factory()
+
+
+def build_speculator(
+    types: Sequence[str],
+    draft_runner: DraftRunner | None = None,
+    draft_cost: float = 0.0,
+) -> Speculator | None:
+    """One speculator for the given types; None for none. `draft` needs draft_runner."""
+    made: list[Speculator] = []
+    for name in parse_types(types):
+        if name == "draft":
+            if draft_runner is None:
+                raise SpecserveError("--spec-type draft needs --draft-model")
+            made.append(DraftModelSpeculator(draft_runner, draft_cost))
+        elif name == "mtp":
+            raise SpecserveError("mtp drafting needs a model with an MTP head (not available yet)")
+        else:
+            made.append(_simple(name))
+    if not made:
+        return None
+    return made[0] if len(made) == 1 else ChainSpeculator(made)

@@ -1,0 +1,60 @@
+"""`specserve serve` flags: names, defaults, and the errors they can end in."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from specserve.errors import SpecserveError
+from specserve.server.cli_args import add_serve_args, build_server
+from specserve.spec.registry import parse_types
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_serve_args(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_flags_and_defaults() -> None:
+    args = parse("--model", "m", "-np", "2", "--ctx-size", "64", "--spec-type", "suffix, draft,")
+    assert (args.parallel, args.ctx_size) == (2, 64)
+    assert parse_types(args.spec_type) == ["suffix", "draft"]
+    assert (args.host, args.port, args.max_queue, args.dtype) == ("127.0.0.1", 8080, 64, "float32")
+    assert (args.draft_max, args.draft_min, args.draft_p_min) == (16, 0, 0.75)
+    assert parse_types(parse().spec_type) == ["ngram-map-k", "suffix"]
+    assert parse().model == "qwen2.5-coder-0.5b"
+    with pytest.raises(SpecserveError, match="unknown speculative type"):
+        parse_types("ngram-nope")
+
+
+def test_built_server_follows_the_flags(tiny_folder: Path) -> None:
+    args = parse("--model", str(tiny_folder), "--alias", "t", "-np", "3", "-c", "128")
+    args.device = "cpu"
+    loop, cfg, _ = build_server(args)
+    assert (loop.num_slots, loop.engine.runner.memory.max_len, cfg.model_id) == (3, 128, "t")
+    assert loop.engine.speculator is not None and cfg.spec_types == ("ngram-map-k", "suffix")
+    loop, cfg, _ = build_server(parse("--model", str(tiny_folder), "--spec-type", "none"))
+    assert loop.engine.speculator is None and cfg.spec_defaults.n_max == 0
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--spec-type", "draft"], "--spec-type draft needs --draft-model"),
+        (["-np", "0"], "parallel slots \\(-np\\) must be >= 1"),
+        (["--max-queue", "-1"], "--max-queue must be >= 0"),
+    ],
+    ids=["draft-without-model", "no-slots", "negative-queue"],
+)
+def test_bad_flags_are_clear_errors(tiny_folder: Path, argv: list[str], message: str) -> None:
+    args = parse("--model", str(tiny_folder), "--device", "cpu", "-c", "64", *argv)
+    with pytest.raises(SpecserveError, match=message):
+        build_server(args)
+
+
+def test_bad_draft_settings_are_value_errors() -> None:
+    with pytest.raises(ValueError, match="draft-min <= draft-max"):
+        build_server(parse("--model", "unused", "--draft-max", "2", "--draft-min", "3"))

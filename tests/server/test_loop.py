@@ -1,0 +1,80 @@
+"""EngineLoop and Engine.abort without HTTP: cancellation frees slots, failures reach callers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from specserve.engine.engine import Engine
+from specserve.engine.request import Request, SpecParams, Status
+from specserve.engine.runner import ModelRunner
+from specserve.engine.sampling import SamplingParams
+from specserve.errors import SpecserveError
+from specserve.loading.model import LoadedModel
+from specserve.server.loop import EngineFailure, EngineLoop, QueueFull
+
+
+def request(prompt: str, loaded: LoadedModel, max_tokens: int = 8) -> Request:
+    assert loaded.tokenizer is not None
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    return Request(loaded.tokenizer.encode(prompt), params, SpecParams(n_max=0))
+
+
+def test_abort_frees_a_running_slot_and_drops_a_waiting_request(tiny_model: LoadedModel) -> None:
+    engine = Engine(ModelRunner(tiny_model.model, num_slots=1, max_len=64))
+    running, waiting = request("hello", tiny_model), request("world", tiny_model)
+    engine.add_request(running)
+    engine.add_request(waiting)
+    engine.step()
+    assert running.slot == 0 and engine.runner.memory.length(0) > 0
+    engine.abort(waiting)
+    engine.abort(running)
+    engine.abort(running)  # twice is harmless
+    assert not engine.has_work() and engine.runner.memory.length(0) == 0
+    assert running.finish_reason == waiting.finish_reason == "abort"
+    assert waiting.status is Status.FINISHED
+    # the freed slot serves the next request exactly as a fresh engine would
+    again, fresh = request("hello", tiny_model), request("hello", tiny_model)
+    engine.generate([again])
+    Engine(ModelRunner(tiny_model.model, num_slots=1, max_len=64)).generate([fresh])
+    assert again.output == fresh.output
+
+
+def test_loop_streams_refuses_and_reports_failures(tiny_model: LoadedModel) -> None:
+    engine = Engine(ModelRunner(tiny_model.model, num_slots=1, max_len=64))
+    loop = EngineLoop(engine, max_queue=1)
+    loop.start()
+
+    async def scenario() -> None:
+        handle = loop.submit(request("hello", tiny_model, max_tokens=5))
+        await handle.admitted()
+        tokens = [t async for ev in handle.events() for t in ev.tokens]
+        assert len(tokens) == 5 and handle.finished
+        too_long = loop.submit(request("x" * 80, tiny_model))
+        with pytest.raises(SpecserveError, match="the context holds 64"):
+            await too_long.admitted()
+        first, second = (loop.submit(request(p, tiny_model, 50)) for p in ("a", "b"))
+        with pytest.raises(QueueFull):
+            loop.submit(request("c", tiny_model))
+        first.cancel(), second.cancel()
+        for cancelled in (first, second):
+            events = [ev async for ev in cancelled.events()]
+            assert events[-1].finish_reason == "abort"
+
+        def broken() -> list:
+            raise RuntimeError("boom")
+
+        engine.step = broken  # type: ignore[method-assign]
+        failing = loop.submit(request("hello", tiny_model))
+        await failing.admitted()
+        with pytest.raises(EngineFailure, match="RuntimeError: boom"):
+            [ev async for ev in failing.events()]
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), timeout=30))
+        assert loop.alive  # a failed step fails its requests, not the server
+    finally:
+        loop.stop(drain_timeout=5)
+    assert not loop.alive
+    assert loop.snapshot.finished == {"stop": 0, "length": 1, "abort": 2, "error": 1}

@@ -1,0 +1,347 @@
+"""The OpenAI-compatible server, driven by the real `openai` client (tiny float64 model).
+
+Greedy decoding throughout: the text is then a function of the prompt alone, whichever
+endpoint, streaming or not, and however many other clients share the engine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx2
+import openai
+import pytest
+
+from specserve.loading.model import LoadedModel
+from tests.server.conftest import MODEL_ID, LiveServer, chat_text, start_server
+
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+def client(server: LiveServer, api_key: str = "unused") -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=api_key, max_retries=0, timeout=60)
+
+
+def complete(server: LiveServer, prompt: str, max_tokens: int = 24) -> str:
+    out = client(server).completions.create(
+        model=MODEL_ID, prompt=prompt, max_tokens=max_tokens, temperature=0
+    )
+    return out.choices[0].text
+
+
+def chat_stream_text(server: LiveServer, messages: list, **kw: object) -> tuple[str, str | None]:
+    stream = client(server).chat.completions.create(
+        model=MODEL_ID, messages=messages, temperature=0, stream=True, **kw
+    )
+    parts, reason = [], None
+    for chunk in stream:
+        if chunk.choices:
+            parts.append(chunk.choices[0].delta.content or "")
+            reason = chunk.choices[0].finish_reason or reason
+    return "".join(parts), reason
+
+
+def test_health_and_models(live: LiveServer) -> None:
+    assert httpx2.get(live.url + "/health").json() == {"status": "ok"}
+    assert [m.id for m in client(live).models.list()] == [MODEL_ID]
+
+
+def test_every_endpoint_streaming_or_not_gives_the_same_text(live: LiveServer) -> None:
+    c = client(live)
+    chat = c.chat.completions.create(model=MODEL_ID, messages=HELLO, max_tokens=20, temperature=0)
+    text = chat.choices[0].message.content
+    assert text and chat.choices[0].finish_reason == "length"
+    assert chat.usage.completion_tokens == 20
+    assert chat.timings["predicted_n"] == 20  # llama.cpp's timings ride along
+    assert chat_stream_text(live, HELLO, max_tokens=20) == (text, "length")
+
+    completion = c.completions.create(
+        model=MODEL_ID, prompt=chat_text(HELLO), max_tokens=20, temperature=0
+    )
+    assert completion.choices[0].text == text
+    streamed = c.completions.create(
+        model=MODEL_ID, prompt=chat_text(HELLO), max_tokens=20, temperature=0, stream=True
+    )
+    assert "".join(ch.choices[0].text for ch in streamed if ch.choices) == text
+
+    response = c.responses.create(
+        model=MODEL_ID, input="hello", max_output_tokens=20, temperature=0
+    )
+    assert response.output_text == text and response.status == "incomplete"
+    events = list(
+        c.responses.create(
+            model=MODEL_ID, input="hello", max_output_tokens=20, temperature=0, stream=True
+        )
+    )
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == text
+    assert events[-1].type == "response.incomplete"
+    assert events[-1].response.output_text == text
+
+
+def test_stream_usage_chunk(live: LiveServer) -> None:
+    stream = client(live).chat.completions.create(
+        model=MODEL_ID,
+        messages=HELLO,
+        max_tokens=5,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    last = list(stream)[-1]
+    assert last.choices == [] and last.usage.completion_tokens == 5
+
+
+def test_stop_string_cuts_the_text_streaming_or_not(live: LiveServer) -> None:
+    full = complete(live, "Once upon a time", max_tokens=30)
+    stop = full[8:10]
+    expected = full[: full.index(stop)]
+    c = client(live)
+    kw = dict(model=MODEL_ID, prompt="Once upon a time", max_tokens=30, temperature=0, stop=[stop])
+    out = c.completions.create(**kw)
+    assert (out.choices[0].text, out.choices[0].finish_reason) == (expected, "stop")
+    streamed = list(c.completions.create(**kw, stream=True))
+    assert "".join(ch.choices[0].text for ch in streamed if ch.choices) == expected
+
+
+PROMPTS = ["hello", "The quick brown fox", "abc", "Once upon a time"]
+
+
+def test_sequential_again_and_parallel_runs_agree(live: LiveServer) -> None:
+    first = [complete(live, p) for p in PROMPTS]
+    again = [complete(live, p) for p in PROMPTS]
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        parallel = list(pool.map(lambda p: complete(live, p), PROMPTS))
+    assert first == again == parallel
+    assert len(set(first)) > 1  # the prompts lead to different texts
+
+
+def test_greedy_alone_equals_while_three_clients_stream(live: LiveServer) -> None:
+    alone = complete(live, PROMPTS[0], max_tokens=40)
+
+    def busy(prompt: str) -> str:
+        return chat_stream_text(live, [{"role": "user", "content": prompt}], max_tokens=200)[0]
+
+    with ThreadPoolExecutor(3) as pool:
+        others = [pool.submit(busy, p) for p in PROMPTS[1:]]
+        time.sleep(0.05)  # let them take their slots
+        loaded = complete(live, PROMPTS[0], max_tokens=40)
+        assert not any(f.done() for f in others)  # it really ran alongside them
+        assert all(len(f.result()) > 0 for f in others)
+    assert loaded == alone
+
+
+def post(server: LiveServer, path: str, body: dict | bytes, **kw: object) -> httpx2.Response:
+    if isinstance(body, bytes):
+        headers = {"content-type": "application/json"}
+        return httpx2.post(server.url + path, content=body, headers=headers, timeout=30, **kw)
+    return httpx2.post(server.url + path, json=body, timeout=30, **kw)
+
+
+CHAT = "/v1/chat/completions"
+BAD_INPUTS = {
+    "malformed-json": (CHAT, b'{"model": "tiny", "messages": [', 400, "malformed JSON body"),
+    "messages-not-a-list": (
+        CHAT,
+        {"messages": "hi"},
+        400,
+        "messages: Input should be a valid list",
+    ),
+    "messages-missing": (CHAT, {"model": MODEL_ID}, 400, "messages: Field required"),
+    "body-not-an-object": (CHAT, b"[1, 2]", 400, "the body must be a JSON object"),
+    "temperature-a-string": (CHAT, {"messages": HELLO, "temperature": "hot"}, 400, "temperature:"),
+    "max-tokens-zero": (
+        CHAT,
+        {"messages": HELLO, "max_tokens": 0},
+        400,
+        "max_tokens must be at least 1, got 0",
+    ),
+    "max-tokens-beyond-context": (
+        CHAT,
+        {"messages": HELLO, "max_tokens": 1000},
+        400,
+        "max_tokens can be at most 489, got 1000",
+    ),
+    "max-output-tokens-beyond-context": (
+        "/v1/responses",
+        {"input": "hello", "max_output_tokens": 1000},
+        400,
+        "max_output_tokens can be at most",
+    ),
+    "prompt-longer-than-context": (
+        "/v1/completions",
+        {"prompt": "x" * 600},
+        400,
+        "the prompt has 600 tokens; the context holds 512",
+    ),
+    "prompt-longer-than-context-streaming": (
+        "/v1/completions",
+        {"prompt": "x" * 600, "stream": True},
+        400,
+        "the prompt has 600 tokens; the context holds 512",
+    ),
+    "empty-prompt": ("/v1/completions", {"prompt": ""}, 400, "the prompt is empty"),
+    "token-id-out-of-vocab": (
+        "/v1/completions",
+        {"prompt": [5, 999]},
+        400,
+        "prompt token ids must be in [0, 128)",
+    ),
+    "unknown-model": (
+        CHAT,
+        {"model": "gpt-9", "messages": HELLO},
+        404,
+        "The model `gpt-9` does not exist",
+    ),
+    "top-p-out-of-range": (CHAT, {"messages": HELLO, "top_p": 1.5}, 400, "top_p must be in (0, 1]"),
+    "two-choices": (CHAT, {"messages": HELLO, "n": 2}, 400, "n must be 1"),
+    "speculative-type-not-enabled": (
+        CHAT,
+        {"messages": HELLO, "speculative": {"types": ["ngram-simple"]}},
+        400,
+        "are not enabled",
+    ),
+    "speculative-min-above-max": (
+        CHAT,
+        {"messages": HELLO, "speculative": {"n_max": 2, "n_min": 5}},
+        400,
+        "need 0 <= draft-min <= draft-max",
+    ),
+    "speculative-unknown-key": (
+        CHAT,
+        {"messages": HELLO, "speculative": {"nmax": 4}},
+        400,
+        "speculative.nmax: Extra inputs",
+    ),
+    "image-content": (
+        CHAT,
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        400,
+        "only text content",
+    ),
+}
+
+
+@pytest.mark.parametrize("path, body, status, message", BAD_INPUTS.values(), ids=BAD_INPUTS.keys())
+def test_bad_input_is_an_openai_error(
+    live: LiveServer, path: str, body: dict | bytes, status: int, message: str
+) -> None:
+    got = post(live, path, body)
+    assert got.status_code == status, got.text
+    error = got.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert message in error["message"]
+    assert error["type"] == "invalid_request_error"
+
+
+def test_client_raises_typed_errors(live: LiveServer) -> None:
+    c = client(live)
+    with pytest.raises(openai.NotFoundError) as not_found:
+        c.chat.completions.create(model="gpt-9", messages=HELLO)
+    assert not_found.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError, match="max_tokens must be at least 1"):
+        c.completions.create(model=MODEL_ID, prompt="hi", max_tokens=0)
+
+
+def test_speculation_off_per_request_is_accepted(live: LiveServer) -> None:
+    body = {"messages": HELLO, "max_tokens": 3, "temperature": 0, "speculative": {"types": []}}
+    assert post(live, CHAT, body).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def small(tiny_model: LoadedModel) -> Iterator[LiveServer]:
+    """One slot, no waiting room, an API key."""
+    server = start_server(tiny_model, parallel=1, max_queue=0, api_key="sekret")
+    yield server
+    server.stop()
+
+
+def test_api_key(small: LiveServer) -> None:
+    body = {"messages": HELLO, "max_tokens": 2}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
+        got = post(small, CHAT, body, headers=headers)
+        assert got.status_code == 401 and got.json()["error"]["code"] == "invalid_api_key"
+    assert post(small, CHAT, body, headers={"Authorization": "Bearer sekret"}).status_code == 200
+    with pytest.raises(openai.AuthenticationError):
+        client(small, "wrong").models.list()
+    assert httpx2.get(small.url + "/health").status_code == 200  # probes need no key
+
+
+def test_full_queue_is_503_with_retry_after(small: LiveServer) -> None:
+    stream = client(small, "sekret").completions.create(
+        model=MODEL_ID, prompt="hello", max_tokens=480, temperature=0, stream=True
+    )
+    try:
+        next(iter(stream))  # the only slot is busy now
+        got = post(small, CHAT, {"messages": HELLO}, headers={"Authorization": "Bearer sekret"})
+        assert got.status_code == 503, got.text
+        assert got.headers["retry-after"] == "1"
+        assert "all 1 slots are busy" in got.json()["error"]["message"]
+    finally:
+        stream.close()
+
+
+def metrics(server: LiveServer) -> dict[str, float]:
+    """Parse the Prometheus text: every sample line must be `name{labels} value`."""
+    samples = {}
+    for line in httpx2.get(server.url + "/metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
+
+
+def wait_until_idle(server: LiveServer, timeout: float = 10.0) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        slots = httpx2.get(server.url + "/slots").json()
+        if not any(s["is_processing"] for s in slots) or time.monotonic() > deadline:
+            return slots
+        time.sleep(0.02)
+
+
+ABORTED = 'specserve:request_success_total{model_name="tiny",finished_reason="abort"}'
+
+
+def test_disconnect_mid_stream_frees_the_slot(live: LiveServer) -> None:
+    wait_until_idle(live)
+    before = metrics(live)[ABORTED]
+    stream = client(live).completions.create(
+        model=MODEL_ID, prompt="hello", max_tokens=500, temperature=0, stream=True
+    )
+    chunks = iter(stream)
+    next(chunks), next(chunks)
+    busy = httpx2.get(live.url + "/slots").json()
+    assert sum(s["is_processing"] for s in busy) == 1
+    stream.close()  # hang up
+    assert not any(s["is_processing"] for s in wait_until_idle(live))
+    assert metrics(live)[ABORTED] == before + 1
+
+
+def test_disconnect_while_waiting_for_a_whole_response_frees_the_slot(live: LiveServer) -> None:
+    wait_until_idle(live)
+    before = metrics(live)[ABORTED]
+    body = {"prompt": "hello", "max_tokens": 500, "temperature": 0}
+    with pytest.raises(httpx2.TimeoutException):
+        httpx2.post(live.url + "/v1/completions", json=body, timeout=0.2)
+    assert not any(s["is_processing"] for s in wait_until_idle(live))
+    assert metrics(live)[ABORTED] == before + 1
+
+
+def test_metrics_count_requests_and_tokens(live: LiveServer) -> None:
+    wait_until_idle(live)
+    before = metrics(live)
+    complete(live, "hello", max_tokens=7)
+    after = metrics(live)
+    tokens = 'specserve:generation_tokens_total{model_name="tiny"}'
+    done = 'specserve:request_success_total{model_name="tiny",finished_reason="length"}'
+    assert after[tokens] == before[tokens] + 7
+    assert after[done] == before[done] + 1
+    assert after['specserve:prompt_tokens_total{model_name="tiny"}'] > 0
+    assert after['specserve:spec_decode_num_drafts_total{model_name="tiny"}'] == 0
+
+
+def test_unknown_route_is_an_openai_error(live: LiveServer) -> None:
+    got = httpx2.get(live.url + "/v1/nothing")
+    assert got.status_code == 404 and got.json()["error"]["message"] == "Not Found"

@@ -1,0 +1,114 @@
+"""Exactness is the contract: greedy output with any speculator, draft length and number of
+parallel slots equals output without speculation, token for token (tiny models, float64)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specserve.engine.engine import Engine
+from specserve.engine.request import Request, SpecParams
+from specserve.engine.runner import ModelRunner
+from specserve.engine.sampling import SamplingParams
+from specserve.loading.model import load_model
+from specserve.spec.base import SpecStats, Speculator
+from specserve.spec.registry import build_speculator
+from tests.tiny import VOCAB, write_hf_folder
+
+N_TOKENS = 128
+CTX = 320
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):  # noqa: ANN001, ANN201
+    folder = tmp_path_factory.mktemp("target")
+    write_hf_folder("qwen2", folder, seed=11)
+    return load_model(folder, dtype="float64").model
+
+
+@pytest.fixture(scope="module")
+def close_draft(target):  # noqa: ANN001, ANN201
+    """The target with a little noise in every weight: agrees often, not always."""
+    import copy
+
+    draft = copy.deepcopy(target)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.25 * p.std())
+    return draft
+
+
+def _prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for n in (70, 90, 75):
+        body = torch.randint(0, VOCAB, (n,), generator=g).tolist()
+        out.append(body + body[10:40] + body[:5])  # a repeat, so n-gram lookups find matches
+    return out
+
+
+def _run(
+    model, speculator: Speculator | None, n_max: int, prompts: list[list[int]]
+) -> list[list[int]]:  # noqa: ANN001
+    engine = Engine(ModelRunner(model, num_slots=len(prompts), max_len=CTX), speculator)
+    reqs = [
+        Request(
+            p,
+            SamplingParams(temperature=0, max_tokens=N_TOKENS),
+            SpecParams(n_max=n_max, p_min=0.5),
+        )
+        for p in prompts
+    ]
+    engine.generate(reqs)
+    return [r.output for r in reqs]
+
+
+@pytest.fixture(scope="module")
+def reference(target) -> list[list[int]]:  # noqa: ANN001
+    return [_run(target, None, 0, [p])[0] for p in _prompts()]
+
+
+# what the speculators above did, summed, for the "every case occurred" test below
+SEEN = {"drafts": 0, "empty": 0, "rejected_whole": 0, "accepted_whole": 0}
+
+SPECS = [
+    "ngram-simple",
+    "ngram-map-k",
+    "ngram-map-k4v",
+    "ngram-mod",
+    "ngram-cache",
+    "suffix",
+    "draft",
+    "ngram-map-k,suffix,draft",
+]
+
+
+@pytest.mark.parametrize("n_max", [1, 4, 16, 48])
+@pytest.mark.parametrize("types", SPECS)
+def test_speculation_equals_plain_greedy(
+    types: str, n_max: int, target, close_draft, reference
+) -> None:  # noqa: ANN001
+    draft_runner = ModelRunner(close_draft, num_slots=3, max_len=CTX)
+    spec = build_speculator(types.split(","), draft_runner, draft_cost=0.3)
+    assert spec is not None
+    prompts = _prompts()
+    # three slots at once, and a single slot alone
+    assert _run(target, spec, n_max, prompts) == reference
+    assert _run(target, spec, n_max, prompts[1:2]) == reference[1:2]
+    _merge(spec.stats)
+
+
+def _merge(s: SpecStats) -> None:
+    SEEN["drafts"] += s.drafts_generated
+    SEEN["empty"] += s.empty_drafts
+    SEEN["rejected_whole"] += s.accept_len_hist[0] if s.accept_len_hist else 0
+    SEEN["accepted_whole"] += s.drafts_full
+
+
+def test_empty_rejected_and_full_drafts_all_occurred() -> None:
+    """Runs after the parametrized cases above (pytest keeps file order)."""
+    assert SEEN["drafts"] > 0
+    assert SEEN["empty"] > 0, "no step had an empty draft"
+    assert SEEN["rejected_whole"] > 0, "no draft was rejected whole"
+    assert SEEN["accepted_whole"] > 0, "no draft was accepted whole"
