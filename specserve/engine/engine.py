@@ -64,18 +64,28 @@ class Engine:
         n_pre = len(plan.prefill)
         out = [
             self._after_prefill(r, c, lg)
-            for (r, c, _), lg in zip(plan.prefill, logits, strict=False)
+            for (r, c, _), lg in zip(plan.prefill, logits[:n_pre], strict=True)
         ]
-        for req, draft, lg in zip(plan.decode, drafts, logits[n_pre:], strict=True):
-            result = self._sample(req, lg, draft)
-            self.runner.memory.commit(req.slot, len(req.context) + result.accepted)
-            if self.speculator is not None:
-                self.speculator.accept(req.slot, result.accepted)
-            self.budget.update(req.slot, len(draft), result.accepted, req.spec.n_max)
-            req.timings.draft_n += len(draft)
-            req.timings.draft_n_accepted += result.accepted
-            out.append(self._emit(req, result.tokens))
+        verified = list(zip(plan.decode, drafts, logits[n_pre:], strict=True))
+        results = [self._sample(req, lg, d) for req, d, lg in verified]
+        # keep each slot's last token and its accepted drafts; the new token is fed next step
+        self.runner.commit(
+            {
+                req.slot: len(req.context) + v.accepted
+                for (req, _, _), v in zip(verified, results, strict=True)
+            }
+        )
+        out += [self._accept(req, d, v) for (req, d, _), v in zip(verified, results, strict=True)]
         return [o for o in out if o is not None]
+
+    def _accept(self, req: Request, draft: Draft, result: VerifyResult) -> StepOutput:
+        """Feed the verification back (speculator, draft budget, statistics), then emit."""
+        if self.speculator is not None:
+            self.speculator.accept(req.slot, result.accepted)
+        self.budget.update(req.slot, len(draft), result.accepted, req.spec.n_max)
+        req.timings.draft_n += len(draft)
+        req.timings.draft_n_accepted += result.accepted
+        return self._emit(req, result.tokens)
 
     def _draft(self, decoding: list[Request]) -> list[Draft]:
         wanted = [r for r in decoding if r.spec.n_max > 0]

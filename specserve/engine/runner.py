@@ -48,6 +48,15 @@ class ModelRunner:
         logits = self.model.logits(hidden[rows])
         return list(logits.split([w.n_logits for w in work]))
 
+    def commit(self, keeps: dict[int, int]) -> None:
+        """After verification: slot -> how many tokens of its sequence to keep.
+
+        All slots of a step commit together, so a rollback strategy that must re-run the
+        kept tokens (checkpoint + replay) can do it in one batched forward.
+        """
+        for slot, n_keep in keeps.items():
+            self.memory.commit(slot, n_keep)
+
     def prefill(self, slot: int, tokens: list[int], chunk: int = 512) -> torch.Tensor:
         """Feed a prompt in chunks (bounded activation memory) -> logits of its last token [V]."""
         logits = None
