@@ -87,6 +87,11 @@ def _generate(args: argparse.Namespace) -> None:
 
 
 def _bench(args: argparse.Namespace) -> None:
+    if args.bench == "serve":
+        from specserve.bench import serve
+
+        serve.main(args)
+        return
     from specserve.bench import decode
 
     decode.main(args)
@@ -132,6 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
     from specserve.bench.decode import add_args
 
     add_args(bd)
+    bs = bsub.add_parser(
+        "serve", help="server tok/s with 1, 2, 4 slots, speculation on/off; --load: errors, RSS"
+    )
+    from specserve.bench import serve as bench_serve
+
+    bench_serve.add_args(bs)
     b.set_defaults(func=_bench)
     return p
 

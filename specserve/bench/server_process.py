@@ -1,0 +1,188 @@
+"""A `specserve serve` subprocess for the serving benchmarks: start, wait, measure, stop.
+
+    with ServerProcess(ServerSpec(model="qwen2.5-coder-0.5b", slots=4), log_path) as server:
+        ...  # clients talk to server.url; server.rss_mib() reads its resident memory
+
+The server runs in its own process so that the clients' Python (SSE parsing, timing) does
+not share a GIL with the engine thread, and so that its resident memory is its own.
+It binds 127.0.0.1 port 0 (the kernel picks a free port, no race with other processes)
+and we read the port from uvicorn's "Uvicorn running on ..." line in its log.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import httpx2
+
+from specserve.errors import SpecserveError
+
+MODEL_ID = "bench"  # the --alias every benchmark server gets, so clients need not know paths
+_URL_LINE = re.compile(r"Uvicorn running on (http://\S+)")
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """The `specserve serve` flags a benchmark varies; everything else is the default."""
+
+    model: str = "qwen2.5-coder-0.5b"
+    dtype: str = "float32"
+    slots: int = 4
+    spec_type: str = "ngram-map-k,suffix"  # "none" turns speculation off
+    device: str | None = None  # None: the server's own choice (cuda when available)
+    ctx_size: int = 0
+    threads: int = 0  # OMP_NUM_THREADS for the server; 0 = torch's default
+
+    def argv(self) -> list[str]:
+        """The command line that starts this server on a free 127.0.0.1 port."""
+        cmd = [sys.executable, "-m", "specserve.server.cli_args", "--model", self.model]
+        cmd += ["--alias", MODEL_ID, "--dtype", self.dtype, "-np", str(self.slots)]
+        cmd += ["--spec-type", self.spec_type, "--host", "127.0.0.1", "--port", "0"]
+        cmd += ["--ctx-size", str(self.ctx_size)]
+        if self.device:
+            cmd += ["--device", self.device]
+        return cmd
+
+
+def read_rss_mib(pid: int) -> float:
+    """Resident memory of a process in MiB, from the VmRSS line of /proc/PID/status."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024  # the kernel reports kB
+    raise SpecserveError(f"no VmRSS for process {pid}")
+
+
+class ServerProcess:
+    """One benchmark server in a subprocess; a context manager that always stops it."""
+
+    def __init__(self, spec: ServerSpec, log_path: Path, startup_timeout: float = 900.0):
+        self.spec = spec
+        self.log_path = log_path
+        self.startup_timeout = startup_timeout
+        self.url = ""
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None, "the server is not started"
+        return self._proc.pid
+
+    def start(self) -> None:
+        """Start the server and return once /health answers ok."""
+        env = dict(os.environ)
+        if self.spec.threads:
+            env["OMP_NUM_THREADS"] = str(self.spec.threads)
+        with self.log_path.open("wb") as log:  # the child keeps its own copy of the fd
+            self._proc = subprocess.Popen(
+                self.spec.argv(), stdout=log, stderr=subprocess.STDOUT, env=env
+            )
+        self.url = self._wait_for_url()
+        self._wait_for_health()
+
+    def rss_mib(self) -> float:
+        return read_rss_mib(self.pid)
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        """SIGTERM (the server drains and exits), then SIGKILL if it takes over `timeout`."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return None if proc is None else proc.returncode
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
+    def log_tail(self, lines: int = 20) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _wait_for_url(self) -> str:
+        assert self._proc is not None
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if m := _URL_LINE.search(self.log_path.read_text(errors="replace")):
+                return m.group(1)
+            if self._proc.poll() is not None:
+                raise SpecserveError(f"the server exited at start:\n{self.log_tail()}")
+            time.sleep(0.1)
+        self.stop()
+        raise SpecserveError(f"the server did not start in {self.startup_timeout:.0f}s")
+
+    def _wait_for_health(self) -> None:
+        # the URL line comes after the lifespan started the engine, so this is one try
+        # in the normal case; a few more cover a slow first accept on a busy machine
+        for _ in range(50):
+            try:
+                if httpx2.get(self.url + "/health", timeout=5).status_code == 200:
+                    return
+            except httpx2.TransportError:
+                pass
+            time.sleep(0.1)
+        raise SpecserveError(f"{self.url}/health did not answer ok:\n{self.log_tail()}")
+
+    def __enter__(self) -> ServerProcess:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class RssSampler:
+    """Samples a process's RSS at start, every `interval` seconds, and at stop (a thread).
+
+    `progress()` is read with each sample (e.g. requests finished so far), so the table can
+    show memory against work done, not only against time.
+    """
+
+    def __init__(self, pid: int, interval: float, progress: Callable[[], int]) -> None:
+        self.pid = pid
+        self.interval = interval
+        self.progress = progress
+        self.samples: list[tuple[float, float, int]] = []  # (seconds, RSS MiB, progress)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self._t0 = 0.0
+
+    def start(self) -> None:
+        self._t0 = time.monotonic()
+        self._sample()
+        self._thread.start()
+
+    def stop(self) -> list[tuple[float, float, int]]:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        return self.samples
+
+    def _run(self) -> None:
+        # aim at t0 + k * interval, so slow samples do not push later ones off the grid
+        k = 1
+        while not self._stop.wait(max(0.0, self._t0 + k * self.interval - time.monotonic())):
+            self._sample()
+            k += 1
+
+    def _sample(self) -> None:
+        t = time.monotonic() - self._t0
+        self.samples.append((t, read_rss_mib(self.pid), self.progress()))

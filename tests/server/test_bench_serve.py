@@ -1,0 +1,45 @@
+"""`specserve bench serve` end to end on the tiny model: real server subprocesses, real clients."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specserve.bench.serve_load import FLAT_MIB, Sample, judge_flat
+from specserve.cli import main
+
+
+def test_bench_serve_runs_one_and_two_slots_without_errors(
+    tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["bench", "serve", "--model", str(tiny_folder), "--dtype", "float64"]
+    argv += ["--device", "cpu", "--threads", "1", "--slots", "1", "2", "--spec", "on"]
+    argv += ["--clients", "2", "--requests-per-client", "2", "--max-tokens", "8"]
+    argv += ["--out", str(tmp_path / "serve")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "aggregate tok/s" in out and "speedup vs 1 slot" in out
+    rows = json.loads((tmp_path / "serve.json").read_text())["rows"]
+    assert [(r["slots"], r["spec"]) for r in rows] == [(1, "on"), (2, "on")]
+    for r in rows:
+        # greedy on a random tiny model: no end-of-text early, so every request runs to 8
+        assert (r["requests"], r["errors"], r["tokens"]) == (4, 0, 4 * 8), r
+        assert r["tok_s"] > 0 and r["ttft_s"] > 0
+    assert rows[0]["speedup"] == 1.0
+    assert (tmp_path / "serve.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "rss, flat",
+    [
+        ([1000, 1200, 1210, 1215], True),  # growth before the first loaded sample is allowed
+        ([1000, 1200, 1250, 1300], False),  # +100 MiB after it: more than max(2 %, 32 MiB)
+        ([1000, 1000 + FLAT_MIB], None),  # start and end only: not judged
+    ],
+    ids=["warm-up-growth-then-flat", "steady-growth", "too-few-samples"],
+)
+def test_rss_flatness(rss: list[float], flat: bool | None) -> None:
+    samples = [Sample(30.0 * i, r, 10 * i) for i, r in enumerate(rss)]
+    assert judge_flat(samples).flat is flat
