@@ -1,17 +1,44 @@
 """Memory: one facade over every kind of per-slot model state.
 
-Today that is attention KV (rollback = truncate); recurrent state (snapshots, checkpoints)
-joins behind the same calls. The runner and engine only ever say `commit(slot, n_keep)`.
+Attention KV rolls back by truncation; recurrent state (Gated DeltaNet conv + SSM) rolls
+back to a restore point: a per-token snapshot, a checkpoint, or the start (see
+cache/recurrent.py). The runner and engine only ever say `commit(slot, n_keep)`; whoever
+wants to roll back further than the restore points reach asks `restorable(slot, n)` for
+the nearest point and re-feeds the tokens after it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+import torch
+
 from specserve.cache.kv import KVCache
+from specserve.cache.recurrent import HybridCache, RecurrentCache
+
+
+@dataclass
+class SlotState:
+    """A slot's whole state after `length` tokens, detached from any slot.
+
+    kv: per attention layer (k, v), each [length, n_kv_heads, head_dim];
+    conv: per Gated DeltaNet layer [C, W - 1]; ssm: per Gated DeltaNet layer [HV, K, V].
+    """
+
+    length: int
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    conv: list[torch.Tensor] = field(default_factory=list)
+    ssm: list[torch.Tensor] = field(default_factory=list)
 
 
 class Memory:
-    def __init__(self, kv: KVCache) -> None:
-        self.kv = kv
+    def __init__(self, cache: KVCache | HybridCache) -> None:
+        """cache: what the model's forward takes (`model.new_cache(...)`)."""
+        self.cache = cache
+        self.kv = cache.kv if isinstance(cache, HybridCache) else cache
+        self.recurrent: RecurrentCache | None = (
+            cache.recurrent if isinstance(cache, HybridCache) else None
+        )
 
     @property
     def num_slots(self) -> int:
@@ -25,9 +52,61 @@ class Memory:
         """Tokens of the slot's sequence whose state is held."""
         return self.kv.lengths[slot]
 
+    def restorable(self, slot: int, n: int) -> int:
+        """The largest m <= n that `commit(slot, m)` can return to (n itself for KV-only
+        models; for recurrent ones the nearest snapshot, checkpoint or the start)."""
+        if self.recurrent is None:
+            return min(n, self.length(slot))
+        points = self.recurrent.restore_points(slot, self.length(slot))
+        return max(p for p in points if p <= n)
+
+    def checkpoint(self, slot: int) -> None:
+        """Make the slot's current length a restore point (a copy of its recurrent state;
+        attention KV needs none)."""
+        if self.recurrent is not None:
+            self.recurrent.checkpoint(slot, self.length(slot))
+
     def commit(self, slot: int, n_keep: int) -> None:
-        """Keep the first n_keep tokens of the slot's sequence; forget the rest."""
+        """Keep the first n_keep tokens of the slot's sequence; forget the rest.
+
+        n_keep must be restorable (see `restorable`); it always is for KV-only models."""
+        length = self.length(slot)
+        if not 0 <= n_keep <= length:
+            raise ValueError(f"slot {slot}: cannot keep {n_keep} of {length} tokens")
+        if self.recurrent is not None:
+            self.recurrent.rollback(slot, n_keep, length)
         self.kv.truncate(slot, n_keep)
 
     def free(self, slot: int) -> None:
         self.kv.truncate(slot, 0)
+        if self.recurrent is not None:
+            self.recurrent.reset(slot)
+
+    def save(self, slot: int) -> SlotState:
+        """A copy of everything the slot holds (for prompt-cache reuse)."""
+        n = self.length(slot)
+        layers = zip(self.kv.k, self.kv.v, strict=True)
+        kv = [(k[slot, :n].clone(), v[slot, :n].clone()) for k, v in layers]
+        if self.recurrent is None:
+            return SlotState(n, kv)
+        conv, ssm = self.recurrent.save(slot)
+        return SlotState(n, kv, conv, ssm)
+
+    def restore(self, slot: int, state: SlotState) -> None:
+        """Put a saved state into a slot (any slot, whatever it held before)."""
+        if state.length > self.max_len:
+            raise ValueError(f"a {state.length}-token state does not fit {self.max_len} positions")
+        n = state.length
+        for layer, (k, v) in enumerate(state.kv):
+            self.kv.k[layer][slot, :n] = k
+            self.kv.v[layer][slot, :n] = v
+        self.kv.lengths[slot] = n
+        if self.recurrent is not None:
+            self.recurrent.load(slot, state.conv, state.ssm)
+
+    def nbytes(self) -> dict[str, int]:
+        """Bytes held: attention KV, and recurrent live states, snapshots and checkpoints."""
+        out = {"kv": self.kv.nbytes()}
+        if self.recurrent is not None:
+            out |= {f"recurrent_{k}": v for k, v in self.recurrent.nbytes().items()}
+        return out

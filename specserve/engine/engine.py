@@ -110,7 +110,10 @@ class Engine:
     def _work(self, plan: StepPlan, drafts: list[Draft]) -> list[SlotInput]:
         work = [SlotInput(r.slot, chunk, int(last)) for r, chunk, last in plan.prefill]
         for req, d in zip(plan.decode, drafts, strict=True):
-            work.append(SlotInput(req.slot, [req.output[-1], *d.tokens], len(d) + 1))
+            # with drafts, the slot may be cut back to any of these tokens at commit
+            work.append(
+                SlotInput(req.slot, [req.output[-1], *d.tokens], len(d) + 1, verify=len(d) > 0)
+            )
         return work
 
     def _after_prefill(
@@ -177,7 +180,7 @@ class Engine:
         req.finish_reason = reason
         req.timings.t_end = time.perf_counter()
         self.scheduler.finish(req)
-        self.runner.memory.free(req.slot)
+        self.runner.free(req.slot)
         self.budget.reset(req.slot)
         if self.speculator is not None:
             self.speculator.reset(req.slot)

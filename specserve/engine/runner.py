@@ -1,24 +1,44 @@
 """ModelRunner: turns per-slot token lists into one flat forward and hands back logits.
 
-It owns the model and its memory. A step's work is a list of SlotInput (prompt chunks and
-verification rows alike); the runner concatenates them into one FlatBatch, runs the model
-once, and returns each slot's logits for the rows it asked for.
+It owns the model, its memory and the rollback strategy for recurrent state. A step's work
+is a list of SlotInput (prompt chunks and verification rows alike); the runner
+concatenates them into one FlatBatch, runs the model once, and returns each slot's logits
+for the rows it asked for. Verification rows (`verify=True`) of a hybrid model either keep
+per-token snapshots or get a checkpoint first (engine/rollback.py decides); `commit` then
+rolls every verified slot back, replaying accepted tokens for all slots that need it in
+ONE batched forward.
 """
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from specserve.cache.memory import Memory
+from specserve.engine.rollback import RollbackPolicy
 from specserve.errors import SpecserveError
 from specserve.models.batch import FlatBatch, SlotInput
-from specserve.models.llama import DenseTransformer
+from specserve.models.registry import LanguageModel
 
 __all__ = ["ModelRunner", "SlotInput"]
 
+DEFAULT_SNAPSHOT_DEPTH = 17  # n_rs_seq: the default draft max (16) + the verified token
+
 
 class ModelRunner:
-    def __init__(self, model: DenseTransformer, num_slots: int, max_len: int) -> None:
+    def __init__(
+        self,
+        model: LanguageModel,
+        num_slots: int,
+        max_len: int,
+        rollback: str = "auto",
+        snapshot_depth: int = DEFAULT_SNAPSHOT_DEPTH,
+        snapshot_budget: int | None = None,
+    ) -> None:
+        """rollback: snapshots | checkpoint | auto (recurrent models only);
+        snapshot_depth: n_rs_seq, the longest verification that can keep snapshots;
+        snapshot_budget: most bytes `auto` may spend on snapshot buffers (None = no cap)."""
         if max_len > model.cfg.context_length:
             raise SpecserveError(
                 f"context size {max_len} exceeds the model's {model.cfg.context_length}"
@@ -26,6 +46,34 @@ class ModelRunner:
         self.model = model
         self.memory = Memory(model.new_cache(num_slots, max_len))
         self.device = model.embed.weight.device
+        depth = self._snapshot_depth(rollback, snapshot_depth, snapshot_budget)
+        self.policy = RollbackPolicy(rollback, depth)
+        # slot -> (start, tokens) of its last verification, for checkpoint replay
+        self._verified: dict[int, tuple[int, list[int]]] = {}
+        # slot -> (first position, final hidden rows [n, D]) not yet taken (see take_hidden)
+        self.record_hidden = False
+        self._hidden: dict[int, tuple[int, torch.Tensor]] = {}
+        if self.memory.recurrent is not None and self.policy.depth:
+            self.memory.recurrent.enable_snapshots(self.policy.depth)
+            if rollback == "auto":
+                self._calibrate()
+
+    def _snapshot_depth(self, rollback: str, depth: int, budget: int | None) -> int:
+        rec = self.memory.recurrent
+        if rec is None or rollback == "checkpoint":
+            return 0
+        if rollback == "auto" and budget is not None:
+            s = rec.shape
+            per_position = (
+                s.num_layers
+                * rec.num_slots
+                * (
+                    s.conv_dim * (s.conv_width - 1) * rec.dtype.itemsize
+                    + s.num_heads * s.key_dim * s.value_dim * rec.state_dtype.itemsize
+                )
+            )
+            depth = min(depth, budget // per_position)
+        return depth if depth >= 2 else 0  # one snapshot is just the final state
 
     @property
     def vocab_size(self) -> int:
@@ -35,11 +83,16 @@ class ModelRunner:
     def forward(self, work: list[SlotInput]) -> list[torch.Tensor]:
         """One forward over every slot's new tokens -> per slot logits [n_logits, V]."""
         starts = [self.memory.length(w.slot) for w in work]
+        keep = [self._prepare_verify(w, s) for w, s in zip(work, starts, strict=True)]
         lens = [len(w.tokens) for w in work]
-        batch = FlatBatch.build([w.slot for w in work], starts, lens, self.device)
+        batch = FlatBatch.build(
+            [w.slot for w in work], starts, lens, self.device, keep if any(keep) else ()
+        )
         flat = [t for w in work for t in w.tokens]
         tokens = torch.tensor(flat, dtype=torch.long, device=self.device)
-        hidden = self.model(tokens, batch, self.memory.kv)
+        hidden = self.model(tokens, batch, self.memory.cache)
+        if self.record_hidden:
+            self._log_hidden(batch, hidden)
         rows = [
             r
             for w, end in zip(work, batch.cu_seqlens[1:], strict=True)
@@ -48,14 +101,44 @@ class ModelRunner:
         logits = self.model.logits(hidden[rows])
         return list(logits.split([w.n_logits for w in work]))
 
+    def _prepare_verify(self, w: SlotInput, start: int) -> bool:
+        """Before a verification: remember its tokens, and give a recurrent model a way
+        back (snapshots, or a checkpoint now). Returns whether it keeps snapshots."""
+        if not w.verify:
+            return False
+        self._verified[w.slot] = (start, list(w.tokens))
+        if self.memory.recurrent is None:
+            return False
+        if self.policy.snapshots_for(w.slot, len(w.tokens)):
+            return True
+        self.memory.checkpoint(w.slot)
+        return False
+
     def commit(self, keeps: dict[int, int]) -> None:
         """After verification: slot -> how many tokens of its sequence to keep.
 
-        All slots of a step commit together, so a rollback strategy that must re-run the
-        kept tokens (checkpoint + replay) can do it in one batched forward.
+        Each slot goes back to its nearest restore point; slots whose point lies before
+        n_keep (checkpoints) replay the kept tokens, all in one batched forward.
         """
+        replay = []
         for slot, n_keep in keeps.items():
-            self.memory.commit(slot, n_keep)
+            start, tokens = self._verified.pop(slot, (n_keep, []))
+            if self.memory.recurrent is not None and tokens:
+                self.policy.observe(slot, len(tokens), n_keep - start)
+            base = self.memory.restorable(slot, n_keep)
+            self.memory.commit(slot, base)
+            if base < n_keep:
+                if not start <= base or n_keep > start + len(tokens):
+                    raise RuntimeError(f"slot {slot}: nothing to replay from {base} to {n_keep}")
+                replay.append(SlotInput(slot, tokens[base - start : n_keep - start], 0))
+        if replay:
+            t0 = time.perf_counter()
+            self.forward(replay)
+            self._sync()
+            n = sum(len(w.tokens) for w in replay)
+            self.policy.observe_replay(n, time.perf_counter() - t0)
+        for slot, n_keep in keeps.items():
+            self._trim_hidden(slot, n_keep)
 
     def prefill(self, slot: int, tokens: list[int], chunk: int = 512) -> torch.Tensor:
         """Feed a prompt in chunks (bounded activation memory) -> logits of its last token [V]."""
@@ -65,3 +148,75 @@ class ModelRunner:
         if logits is None:
             raise SpecserveError("empty prompt")
         return logits[-1]
+
+    def free(self, slot: int) -> None:
+        """Forget the slot's sequence (memory, pending verification, hidden states)."""
+        self.memory.free(slot)
+        self._verified.pop(slot, None)
+        self._hidden.pop(slot, None)
+        self.policy.forget(slot)
+
+    # final hidden states, for speculators that draft from them (mtp) -----------------------
+    def take_hidden(self, slot: int) -> tuple[int, torch.Tensor]:
+        """(position p, hidden [n, D]): the final normed hidden states of the slot's tokens
+        p .. p + n - 1 computed (and kept) since the last call; [0, D] when none."""
+        p, rows = self._hidden.pop(slot, (self.memory.length(slot), self._no_hidden()))
+        return p, rows
+
+    def _no_hidden(self) -> torch.Tensor:
+        w = self.model.embed.weight
+        return w.new_zeros(0, w.shape[1])
+
+    def _log_hidden(self, batch: FlatBatch, hidden: torch.Tensor) -> None:
+        cu = batch.cu_seqlens
+        for i, (slot, start) in enumerate(zip(batch.slots, batch.starts, strict=True)):
+            rows = hidden[cu[i] : cu[i + 1]]
+            p, old = self._hidden.get(slot, (start, self._no_hidden()))
+            if start < p:  # the slot went back before the log (a new sequence)
+                p, old = start, self._no_hidden()
+            # rows at `start` and after replace what the log held there (a replay)
+            self._hidden[slot] = (p, torch.cat((old[: start - p], rows)))
+
+    def _trim_hidden(self, slot: int, n_keep: int) -> None:
+        if slot in self._hidden:
+            p, rows = self._hidden[slot]
+            self._hidden[slot] = (p, rows[: max(0, n_keep - p)])
+
+    # measuring what rollback costs on this model (for `auto`) --------------------------------
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _timed(self, work: list[SlotInput], repeats: int = 3) -> float:
+        """Least seconds of `repeats` forwards of work (slot 0 from empty each time)."""
+        best = float("inf")
+        for _ in range(repeats):
+            self.memory.free(0)
+            t0 = time.perf_counter()
+            self.forward(work)
+            self._sync()
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    def _calibrate(self) -> None:
+        """Time, on slot 0 (free at start-up), a 1-token forward, a k-token one with and
+        without snapshots, and a checkpoint; fit the costs `auto` compares."""
+        k = min(self.policy.depth, 8)
+        toks = [i % self.vocab_size for i in range(k)]
+        one = self._timed([SlotInput(0, toks[:1], 0)])
+        plain = self._timed([SlotInput(0, toks, 0)])
+        strategy, self.policy.strategy = self.policy.strategy, "snapshots"
+        snap = self._timed([SlotInput(0, toks, 0, verify=True)])
+        self.policy.strategy = strategy
+        self._verified.clear()
+        t0 = time.perf_counter()
+        self.memory.checkpoint(0)
+        self._sync()
+        c = self.policy.costs
+        c.checkpoint = time.perf_counter() - t0
+        c.per_token = max(0.0, (plain - one) / (k - 1))
+        c.fixed = max(0.0, one - c.per_token)
+        c.snap_per_token = max(0.0, (snap - plain) / k)
+        c.measured = True
+        self.policy.counts = dict.fromkeys(self.policy.counts, 0)
+        self.memory.free(0)

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from specserve.errors import SpecserveError
+from specserve.loading import qwen3_next as hybrid
 from specserve.loading.names import gguf_to_ours
 from specserve.models.config import DENSE_ARCHS, ModelConfig
 
@@ -125,6 +126,8 @@ def read_gguf(path: Path) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor
 
     reader = open_gguf(path)
     meta = metadata(reader)
+    if meta.get("general.architecture") in hybrid.GGUF_ARCHS:
+        return hybrid.read_gguf(reader, meta)
     by_name = {t.name: t for t in reader.tensors}
     cfg = config_from_gguf(meta, set(by_name))
     if cfg.vocab_size < 0:

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from specserve.errors import SpecserveError
+from specserve.loading import qwen3_next as hybrid
 from specserve.loading.names import hf_to_ours, is_norm
 from specserve.models.config import ModelConfig
 
@@ -79,13 +80,17 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
 
 
 def read_hf(folder: Path) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor]]]:
-    """Config and a stream of (our name, float tensor) pairs from an HF folder."""
+    """Config and a stream of (our name, float tensor) pairs from an HF folder (hybrid
+    Qwen3-Next / Qwen3.5 folders go through loading/qwen3_next.py)."""
     from safetensors import safe_open
 
-    cfg = config_from_hf(json.loads((folder / "config.json").read_text()))
+    hf = json.loads((folder / "config.json").read_text())
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise SpecserveError(f"{folder}: no *.safetensors files")
+    if hf.get("model_type") in hybrid.HF_TYPES:
+        return hybrid.read_hf(hf, files)
+    cfg = config_from_hf(hf)
 
     def tensors() -> Iterator[tuple[str, torch.Tensor]]:
         for f in files:

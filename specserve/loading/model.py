@@ -12,18 +12,19 @@ from tqdm import tqdm
 from specserve.errors import SpecserveError
 from specserve.loading.gguf import read_gguf
 from specserve.loading.hf import read_hf
-from specserve.loading.names import is_norm
+from specserve.loading.names import keeps_precision
 from specserve.loading.sources import resolve_model
 from specserve.loading.tokenizer import Tokenizer, load_tokenizer
+from specserve.models import registry
 from specserve.models.config import ModelConfig
-from specserve.models.llama import DenseTransformer
+from specserve.models.registry import LanguageModel
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass
 class LoadedModel:
-    model: DenseTransformer
+    model: LanguageModel
     tokenizer: Tokenizer | None
     path: Path
 
@@ -46,19 +47,20 @@ def build_model(
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
     progress: bool = False,
-) -> DenseTransformer:
+) -> LanguageModel:
     """Create the model on the meta device and assign the loaded tensors (no random init)."""
     with torch.device("meta"):
-        model = DenseTransformer(cfg)
+        model = registry.build(cfg)
     shapes = {k: v.shape for k, v in model.state_dict().items()}
     expected = set(shapes)
-    # norms stay in float32 under 16-bit dtypes: they are tiny and rounding them costs accuracy
+    # norms (and GDN decay terms) stay in float32 under 16-bit dtypes: they are tiny and
+    # rounding them costs accuracy
     norm_dtype = torch.float32 if dtype.itemsize < 4 else dtype
     state: dict[str, torch.Tensor] = {}
     for name, t in tqdm(
         tensors, desc="load", unit="tensor", disable=not progress, total=len(expected)
     ):
-        state[name] = t.to(device=device, dtype=norm_dtype if is_norm(name) else dtype)
+        state[name] = t.to(device=device, dtype=norm_dtype if keeps_precision(name) else dtype)
     if "lm_head.weight" not in state and "embed.weight" in state:
         state["lm_head.weight"] = state["embed.weight"]  # tied: one tensor serves both
     missing, unexpected = expected - set(state), set(state) - expected

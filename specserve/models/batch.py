@@ -3,6 +3,9 @@
 All sequences' new tokens are concatenated into one flat [T] tensor. Sequence i owns rows
 cu_seqlens[i]:cu_seqlens[i+1], lives in cache slot slots[i], and its first new token sits at
 position starts[i] (the number of tokens already cached for that slot).
+
+keep_states[i] asks recurrent layers to keep the state after every token of sequence i
+(snapshots that a rollback can return to); attention layers ignore it.
 """
 
 from __future__ import annotations
@@ -19,10 +22,16 @@ class FlatBatch:
     starts: list[int]
     cu_seqlens: list[int]
     positions: torch.Tensor  # [T] int64, absolute position of every row
+    keep_states: tuple[bool, ...] = ()  # per sequence; empty = none
 
     @classmethod
     def build(
-        cls, slots: Sequence[int], starts: Sequence[int], lens: Sequence[int], device: torch.device
+        cls,
+        slots: Sequence[int],
+        starts: Sequence[int],
+        lens: Sequence[int],
+        device: torch.device,
+        keep_states: Sequence[bool] = (),
     ) -> FlatBatch:
         if not len(slots) == len(starts) == len(lens):
             raise ValueError("slots, starts and lens must have one entry per sequence")
@@ -34,7 +43,9 @@ class FlatBatch:
                 raise ValueError("every sequence in a batch needs at least one token")
             cu.append(cu[-1] + n)
         pos = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lens, strict=True)])
-        return cls(list(slots), list(starts), cu, pos.to(device))
+        if keep_states and len(keep_states) != len(slots):
+            raise ValueError("keep_states needs one entry per sequence")
+        return cls(list(slots), list(starts), cu, pos.to(device), tuple(keep_states))
 
     @property
     def num_seqs(self) -> int:
@@ -43,6 +54,10 @@ class FlatBatch:
     @property
     def num_tokens(self) -> int:
         return self.cu_seqlens[-1]
+
+    def keeps_states(self, i: int) -> bool:
+        """Whether sequence i keeps its per-token recurrent states (snapshots)."""
+        return bool(self.keep_states) and self.keep_states[i]
 
     def lens(self) -> list[int]:
         return [b - a for a, b in zip(self.cu_seqlens, self.cu_seqlens[1:], strict=False)]
@@ -59,3 +74,5 @@ class SlotInput:
     slot: int
     tokens: list[int]
     n_logits: int = 1
+    # a verification: the slot may be cut back to any of these tokens when it commits
+    verify: bool = False

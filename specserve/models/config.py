@@ -7,6 +7,7 @@ nothing else. Differences between families are fields, never `if arch == ...` in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from specserve.errors import SpecserveError
 
@@ -15,6 +16,9 @@ DENSE_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 
 @dataclass
 class ModelConfig:
+    # the architectures this config class describes (subclasses describe others)
+    ARCHS: ClassVar[tuple[str, ...]] = DENSE_ARCHS
+
     arch: str
     vocab_size: int
     hidden_size: int
@@ -45,9 +49,9 @@ class ModelConfig:
     tie_word_embeddings: bool = False
 
     def __post_init__(self) -> None:
-        if self.arch not in DENSE_ARCHS:
+        if self.arch not in self.ARCHS:
             raise SpecserveError(
-                f"unsupported architecture {self.arch!r}; supported: {', '.join(DENSE_ARCHS)}"
+                f"unsupported architecture {self.arch!r}; supported: {', '.join(self.ARCHS)}"
             )
         if self.num_heads % self.num_kv_heads:
             raise SpecserveError(
@@ -72,3 +76,77 @@ class ModelConfig:
         if self.sliding_layers[layer] and self.rope_theta_local is not None:
             return self.rope_theta_local, 1.0
         return self.rope_theta, self.rope_scale
+
+
+HYBRID_ARCHS = ("qwen3_next", "qwen3_5")
+LINEAR, FULL = "linear_attention", "full_attention"
+
+
+@dataclass
+class HybridConfig(ModelConfig):
+    """Qwen3-Next / Qwen3.5: Gated DeltaNet layers mixed with gated full attention.
+
+    One description for both: Qwen3-Next's MoE + shared expert and Qwen3.5's dense MLP are
+    `num_experts` (0 = dense MLP everywhere) and `moe_layers`. Attention layers have a
+    sigmoid output gate, q/k norms and rotary embedding on the first `rotary_dim` dims only.
+    """
+
+    ARCHS: ClassVar[tuple[str, ...]] = HYBRID_ARCHS
+
+    # per layer: "linear_attention" (Gated DeltaNet) or "full_attention"
+    layer_types: list[str] = field(default_factory=list)
+    linear_num_key_heads: int = 16
+    linear_num_value_heads: int = 32
+    linear_key_head_dim: int = 128
+    linear_value_head_dim: int = 128
+    conv_kernel: int = 4
+    rotary_dim: int = 0  # 0 = head_dim // 4 (both families' partial_rotary_factor)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    # per layer: True where the MLP is the sparse MoE block (empty = every layer when experts)
+    moe_layers: list[bool] = field(default_factory=list)
+    mtp_layers: int = 0  # multi-token-prediction layers shipped with the weights
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        n = self.num_layers
+        if not self.layer_types:
+            self.layer_types = [FULL if (i + 1) % 4 == 0 else LINEAR for i in range(n)]
+        if len(self.layer_types) != n or set(self.layer_types) - {LINEAR, FULL}:
+            raise SpecserveError(f"layer_types needs {n} entries of {LINEAR!r} / {FULL!r}")
+        if self.linear_num_value_heads % self.linear_num_key_heads:
+            raise SpecserveError("linear value heads must be a multiple of linear key heads")
+        if not self.rotary_dim:
+            self.rotary_dim = self.head_dim // 4
+        if self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
+            raise SpecserveError(f"rotary_dim {self.rotary_dim} must be even and <= head_dim")
+        if not self.moe_layers:
+            self.moe_layers = [self.num_experts > 0] * n
+        if len(self.moe_layers) != n:
+            raise SpecserveError("moe_layers must have one entry per layer")
+        if any(self.moe_layers) and not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise SpecserveError("MoE layers need 0 < experts per token <= experts")
+
+    @property
+    def key_dim(self) -> int:
+        return self.linear_num_key_heads * self.linear_key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the short conv: q, k and v of all heads, concatenated."""
+        return 2 * self.key_dim + self.value_dim
+
+    def attention_layers(self) -> list[int]:
+        """Indices of the full-attention layers; the i-th of them owns KV cache layer i."""
+        return [i for i, t in enumerate(self.layer_types) if t == FULL]
+
+    def linear_layers(self) -> list[int]:
+        """Indices of the Gated DeltaNet layers; the i-th of them owns recurrent state i."""
+        return [i for i, t in enumerate(self.layer_types) if t == LINEAR]
