@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -9,7 +11,7 @@ from specserve.cache.kv import KVCache
 from specserve.models.batch import FlatBatch
 from specserve.models.config import ModelConfig
 from specserve.models.layers.attention import Attention
-from specserve.models.layers.basic import GatedMLP, RMSNorm
+from specserve.models.layers.basic import GatedMLP, RMSNorm, RotaryEmbedding
 
 
 class Block(nn.Module):
@@ -38,6 +40,12 @@ class DenseTransformer(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
+        # layers with the same rope settings share one module, so its tables are made once
+        # per forward instead of once per layer
+        ropes: dict[tuple[float, float], RotaryEmbedding] = {}
+        for block in self.layers:
+            attn = cast(Block, block).attn
+            attn.rope = ropes.setdefault((attn.rope.theta, attn.rope.scale), attn.rope)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 

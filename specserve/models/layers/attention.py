@@ -9,7 +9,7 @@ from specserve.cache.kv import KVCache
 from specserve.models.batch import FlatBatch
 from specserve.models.config import ModelConfig
 from specserve.models.layers.basic import RMSNorm, RotaryEmbedding, apply_rotary
-from specserve.ops.naive.attention import cached_attention
+from specserve.ops.fast.attention import cached_attention
 
 
 class Attention(nn.Module):
@@ -32,6 +32,7 @@ class Attention(nn.Module):
         self.window = cfg.layer_window(layer)
         assert cfg.query_scale is not None
         self.scale = cfg.query_scale
+        self.per_row = False  # batch-invariant mode (see models/layers/invariant.py)
 
     def forward(self, x: torch.Tensor, batch: FlatBatch, cache: KVCache) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]; writes this layer's new K/V into the cache."""
@@ -44,7 +45,6 @@ class Attention(nn.Module):
         cos, sin = self.rope.cos_sin(batch.positions, x.dtype)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         cache.write(self.layer, batch, k, v)
-        o = cached_attention(
-            q, cache.k[self.layer], cache.v[self.layer], batch, self.scale, self.window
-        )
+        kc, vc = cache.k[self.layer], cache.v[self.layer]
+        o = cached_attention(q, kc, vc, batch, self.scale, self.window, self.per_row)
         return self.o(o.reshape(T, -1))

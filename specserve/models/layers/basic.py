@@ -38,6 +38,8 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.head_dim, self.theta, self.scale = head_dim, theta, scale
         self._inv_freq: torch.Tensor | None = None
+        # layers sharing this module in one forward reuse the tables of the same positions
+        self._memo: tuple[torch.Tensor, torch.dtype, tuple[torch.Tensor, ...]] | None = None
 
     def inv_freq(self, device: torch.device) -> torch.Tensor:
         if self._inv_freq is None or self._inv_freq.device != device:
@@ -47,9 +49,13 @@ class RotaryEmbedding(nn.Module):
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         """positions: [T] -> cos, sin: [T, 1, head_dim] (broadcast over heads)."""
+        if self._memo is not None and self._memo[0] is positions and self._memo[1] == dtype:
+            return self._memo[2]
         freqs = positions.float()[:, None] * self.inv_freq(positions.device)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+        tables = emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+        self._memo = (positions, dtype, tables)
+        return tables
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,107 @@
+"""Weight-only quantized linear layers on torch's CPU kernels, swapped in by module.
+
+- int8: symmetric, one scale per output channel (`aten._weight_int8pack_mm`).
+- int4: asymmetric, one scale and zero per group of 32 inputs (`aten._weight_int4pack_mm_for_cpu`).
+Both kernels take bf16 activations (they are several times slower with float32), so inputs
+are cast to bf16 and outputs back to the caller's dtype. As in gpt-fast's quantize.py, the
+float model is built first and its nn.Linear modules are replaced one by one.
+
+GGUF weights arrive dequantized to float32 and are re-quantized here: exact for Q4_K's
+(scale, min) groups of 32 up to bf16 rounding of the scales, approximate for the others.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+GROUP = 32
+WEIGHT_MODES = ("auto", "dequant", "int8", "int4")
+
+# GGUF tensor type -> the kernel `--weights auto` picks: few-bit formats run on int4,
+# 6- and 8-bit ones on int8, float ones stay float.
+_AUTO = {
+    **dict.fromkeys(("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "IQ4_NL", "IQ4_XS"), "int4"),
+    **dict.fromkeys(("Q6_K", "Q8_0", "Q8_1", "Q8_K"), "int8"),
+}
+
+
+def auto_mode(gguf_type: str) -> str | None:
+    """The kernel for a GGUF tensor type under --weights auto (None = keep it float)."""
+    return _AUTO.get(gguf_type)
+
+
+class Int8Linear(nn.Module):
+    """y = x @ (q * scale)^T + bias; q: [N, K] int8, scale: [N] bf16."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        w = weight.float()
+        scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)
+        self.register_buffer("q", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scale", scale.to(torch.bfloat16))
+        self.bias = None if bias is None else nn.Parameter(bias.to(torch.bfloat16), False)
+        self.out_features, self.in_features = weight.shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = torch.ops.aten._weight_int8pack_mm(
+            x.reshape(-1, shape[-1]).to(torch.bfloat16), self.q, self.scale
+        )
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], -1).to(x.dtype)
+
+
+class Int4Linear(nn.Module):
+    """Groups of 32 inputs: w = q * scale + min, q in 0..15, packed in torch's CPU layout."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        n, k = weight.shape
+        if k % GROUP:
+            raise ValueError(f"int4 needs in_features divisible by {GROUP}, got {k}")
+        q, scale, low = _int4_groups(weight.float())
+        # torch's format reads w = (q - 8) * scale + zero, so zero = low + 8 * scale
+        zero = low + 8 * scale
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        self.register_buffer("packed", packed)
+        sz = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()  # [K/32, N, 2]
+        self.register_buffer("scale_zero", sz.to(torch.bfloat16))
+        self.bias = None if bias is None else nn.Parameter(bias.to(torch.bfloat16), False)
+        self.out_features, self.in_features = n, k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.reshape(-1, shape[-1]).to(torch.bfloat16), self.packed, GROUP, self.scale_zero
+        )
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], -1).to(x.dtype)
+
+
+def _int4_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w: [N, K] -> q: [N, K] int32 in 0..15, scale and low: [N, K/32] (w ~ q * scale + low)."""
+    n, k = w.shape
+    g = w.view(n, k // GROUP, GROUP)
+    low, high = g.amin(dim=-1), g.amax(dim=-1)
+    scale = ((high - low) / 15).clamp_min(1e-12)
+    q = torch.round((g - low[..., None]) / scale[..., None]).clamp(0, 15)
+    return q.to(torch.int32).view(n, k), scale, low
+
+
+def quantize_linear(linear: nn.Linear, mode: str) -> nn.Module:
+    cls = {"int8": Int8Linear, "int4": Int4Linear}[mode]
+    return cls(linear.weight.detach(), None if linear.bias is None else linear.bias.detach())
+
+
+def swap_linears(model: nn.Module, modes: dict[str, str]) -> None:
+    """Replace each named nn.Linear ("layers.0.attn.q") with its quantized twin."""
+    for name, mode in modes.items():
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        linear = getattr(parent, child)
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"{name} is not an nn.Linear")
+        setattr(parent, child, quantize_linear(linear, mode))
