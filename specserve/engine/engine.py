@@ -14,7 +14,7 @@ from specserve.engine.scheduler import Scheduler, StepPlan
 from specserve.errors import SpecserveError
 from specserve.spec.adaptive import DraftBudget
 from specserve.spec.base import Draft, DraftRequest, Speculator
-from specserve.spec.verify import VerifyResult, verify_slot
+from specserve.spec.verify import VerifyResult, verify_greedy, verify_slot
 
 
 @dataclass
@@ -152,9 +152,14 @@ class Engine:
     def _sample(self, req: Request, logits: torch.Tensor, draft: Draft) -> VerifyResult:
         """logits: [k + 1, V] for [last, d1..dk] -> the verified tokens of this request."""
         k = len(draft)
-        outputs = [req.output + list(draft.tokens[:i]) for i in range(k + 1)]
-        x = apply_penalties(logits, req.params, [req.prompt] * (k + 1), outputs)
-        probs = probs_from_logits(x, req.params)
+        if req.params.has_penalties:
+            outputs = [req.output + list(draft.tokens[:i]) for i in range(k + 1)]
+            logits = apply_penalties(logits, req.params, [req.prompt] * (k + 1), outputs)
+        if req.params.greedy:
+            # what the one-hot rows of probs_from_logits reduce to, without a softmax and
+            # a vocabulary-wide CDF per row
+            return verify_greedy(logits, draft.tokens)
+        probs = probs_from_logits(logits, req.params)
         return verify_slot(probs, draft, req.seed, len(req.context))
 
     def generate(self, requests: list[Request]) -> list[Request]:

@@ -14,6 +14,8 @@ from specserve.loading import qwen3_next as hybrid
 from specserve.loading.names import gguf_to_ours
 from specserve.models.config import DENSE_ARCHS, ModelConfig
 
+TENSOR_TYPES_KEY = "specserve.tensor_types"
+
 
 def open_gguf(path: Path) -> Any:
     from gguf import GGUFReader
@@ -133,6 +135,11 @@ def read_gguf(path: Path) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor
     if cfg.vocab_size < 0:
         cfg.vocab_size = int(by_name["token_embd.weight"].shape[-1])
 
+    # which GGUF type each of our tensors was stored in (for --weights auto)
+    meta[TENSOR_TYPES_KEY] = {
+        ours: t.tensor_type.name for name, t in by_name.items() if (ours := gguf_to_ours(name))
+    }
+
     def tensors() -> Iterator[tuple[str, torch.Tensor]]:
         for name, t in by_name.items():
             ours = gguf_to_ours(name)
@@ -142,7 +149,9 @@ def read_gguf(path: Path) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor
                 array = dequantize(t.data, t.tensor_type)
             except Exception as e:
                 raise SpecserveError(f"{path}: cannot read tensor {name} ({e})") from e
-            w = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+            array = np.ascontiguousarray(array, dtype=np.float32)
+            # float tensors come back as read-only views of the file's memory map
+            w = torch.from_numpy(array if array.flags.writeable else array.copy())
             if cfg.arch == "llama" and (".attn.q." in ours or ".attn.k." in ours):
                 heads = cfg.num_heads if ".q." in ours else cfg.num_kv_heads
                 w = unpermute_rope(w, heads)

@@ -10,13 +10,20 @@ import torch
 from tqdm import tqdm
 
 from specserve.errors import SpecserveError
-from specserve.loading.gguf import read_gguf
+from specserve.loading.gguf import TENSOR_TYPES_KEY, read_gguf
 from specserve.loading.hf import read_hf
 from specserve.loading.names import keeps_precision
 from specserve.loading.sources import resolve_model
 from specserve.loading.tokenizer import Tokenizer, load_tokenizer
 from specserve.models import registry
 from specserve.models.config import ModelConfig
+from specserve.models.layers.quant import (
+    WEIGHT_MODES,
+    Int4Linear,
+    Int8Linear,
+    auto_mode,
+    swap_linears,
+)
 from specserve.models.registry import LanguageModel
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -78,20 +85,66 @@ def build_model(
     return model.eval()
 
 
+def linear_modes(model: torch.nn.Module, weights: str, types: dict[str, str]) -> dict[str, str]:
+    """Which nn.Linear modules become int8 / int4 under --weights (types: our name -> GGUF type)."""
+    if weights not in WEIGHT_MODES:
+        raise SpecserveError(
+            f"unknown --weights {weights!r}; choose from {', '.join(WEIGHT_MODES)}"
+        )
+    if weights == "dequant":
+        return {}
+    modes = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        mode = auto_mode(types.get(f"{name}.weight", "")) if weights == "auto" else weights
+        if mode is not None:
+            modes[name] = mode
+    return modes
+
+
+def _cast_floats(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Cast float parameters to dtype, leaving quantized layers' buffers and (under 16-bit
+    dtypes) the float32 norms alone."""
+    for name, module in model.named_modules():
+        if isinstance(module, Int4Linear | Int8Linear):
+            continue
+        for pname, p in module.named_parameters(recurse=False):
+            keep32 = dtype.itemsize < 4 and keeps_precision(f"{name}.{pname}")
+            if p.is_floating_point() and not keep32:
+                p.data = p.data.to(dtype)
+
+
 def load_model(
     spec: str | Path,
     dtype: str | torch.dtype = "float32",
     device: torch.device | str = "cpu",
     with_tokenizer: bool = True,
     progress: bool = False,
+    weights: str = "dequant",
 ) -> LoadedModel:
+    """weights: dequant (float weights in `dtype`), int8, int4, or auto (each tensor on the
+    kernel nearest its GGUF precision; float tensors stay float)."""
     path = resolve_model(spec)
+    types: dict[str, str] = {}
     if path.is_dir():
         cfg, tensors = read_hf(path)
         has_tok = (path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file()
     else:
-        cfg, tensors, _ = read_gguf(path)
+        cfg, tensors, meta = read_gguf(path)
+        types = meta[TENSOR_TYPES_KEY]
         has_tok = True
-    model = build_model(cfg, tensors, parse_dtype(dtype), device, progress)
+    compute = parse_dtype(dtype)
+    quantized = weights != "dequant"
+    if quantized and torch.device(device).type != "cpu":
+        raise SpecserveError(
+            "--weights int8/int4/auto runs on torch's CPU kernels; use dequant on GPU"
+        )
+    # quantize from float32, not from weights already rounded to the compute dtype
+    model = build_model(cfg, tensors, torch.float32 if quantized else compute, device, progress)
+    if quantized:
+        modes = linear_modes(model, weights, types)
+        swap_linears(model, modes)
+        _cast_floats(model, compute)
     tokenizer = load_tokenizer(path) if with_tokenizer and has_tok else None
     return LoadedModel(model, tokenizer, path)

@@ -1,0 +1,73 @@
+"""Quantized linear layers compute with the weights they claim, and swap in by module."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specserve.loading.model import linear_modes, load_model
+from specserve.models.batch import FlatBatch
+from specserve.models.layers.quant import GROUP, Int4Linear, Int8Linear, _int4_groups, auto_mode
+from tests.tiny import VOCAB, make_hf_model
+from tests.tiny_gguf import write_gguf
+
+
+def _weight_and_input() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(96, 128, generator=g), torch.randn(5, 128, generator=g)
+
+
+def test_int8_uses_per_channel_rounded_weights() -> None:
+    w, x = _weight_and_input()
+    layer = Int8Linear(w, None)
+    dequant = layer.q.float() * layer.scale.float()[:, None]
+    assert (dequant - w).abs().max() <= (w.abs().amax(1) / 127 / 2 + 1e-2).max()
+    want = F.linear(x.bfloat16().float(), dequant)
+    assert torch.allclose(layer(x), want, atol=0.05, rtol=0.02)
+
+
+def test_int4_uses_groupwise_min_max_weights() -> None:
+    w, x = _weight_and_input()
+    layer = Int4Linear(w, torch.ones(96))
+    q, scale, low = _int4_groups(w)
+    dequant = (q.view(96, -1, GROUP).float() * scale[..., None] + low[..., None]).view(96, 128)
+    assert (dequant - w).abs().max() <= scale.max() / 2 + 1e-6
+    want = F.linear(x.bfloat16().float(), dequant) + 1
+    assert torch.allclose(layer(x), want, atol=0.1, rtol=0.02)
+
+
+@pytest.mark.parametrize(
+    ("gguf_type", "mode"),
+    [("Q4_K", "int4"), ("Q5_0", "int4"), ("Q6_K", "int8"), ("Q8_0", "int8"), ("F32", None)],
+)
+def test_auto_maps_gguf_types_to_kernels(gguf_type: str, mode: str | None) -> None:
+    assert auto_mode(gguf_type) == mode
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4", "auto"])
+def test_quantized_model_stays_close_to_float(weights: str, tmp_path) -> None:  # noqa: ANN001
+    hf = make_hf_model("qwen2", seed=2)
+    path = write_gguf(hf, "qwen2", tmp_path / "m.gguf")
+    exact = load_model(path, "float32", with_tokenizer=False).model
+    quant = load_model(path, "bfloat16", with_tokenizer=False, weights=weights).model
+    n_quant = sum(isinstance(m, Int4Linear | Int8Linear) for m in quant.modules())
+    # the tiny GGUF holds float32 tensors, so auto keeps them float
+    assert n_quant == (0 if weights == "auto" else 3 * 7 + 1)
+    tokens = torch.randint(0, VOCAB, (16,), generator=torch.Generator().manual_seed(1))
+    outs = []
+    with torch.no_grad():
+        for model in (exact, quant):
+            batch = FlatBatch.build([0], [0], [16], tokens.device)
+            outs.append(
+                model.logits(model(tokens, batch, model.new_cache(1, 32))).float().flatten()
+            )
+    # random gaussian weights are int4's worst case; real weights fare far better
+    assert F.cosine_similarity(outs[0], outs[1], dim=0) > 0.95
+
+
+def test_unknown_weights_mode_is_a_clear_error() -> None:
+    from specserve.errors import SpecserveError
+
+    with pytest.raises(SpecserveError, match="unknown --weights 'int3'"):
+        linear_modes(torch.nn.Linear(2, 2), "int3", {})
