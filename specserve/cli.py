@@ -92,6 +92,11 @@ def _bench(args: argparse.Namespace) -> None:
 
         serve.main(args)
         return
+    if args.bench == "spec":
+        from specserve.bench import spec
+
+        spec.main(args)
+        return
     from specserve.bench import decode
 
     decode.main(args)
@@ -143,6 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
     from specserve.bench import serve as bench_serve
 
     bench_serve.add_args(bs)
+    bsp = bsub.add_parser(
+        "spec", help="speculative decoding per speculator: speedup, acceptance, exactness"
+    )
+    from specserve.bench import spec as bench_spec
+
+    bench_spec.add_args(bsp)
     b.set_defaults(func=_bench)
     return p
 

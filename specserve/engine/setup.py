@@ -56,24 +56,36 @@ def param_count(model: torch.nn.Module) -> int:
 
 
 def build_engine(
-    s: EngineSettings, target: LoadedModel | None = None, progress: bool = True
+    s: EngineSettings,
+    target: LoadedModel | None = None,
+    progress: bool = True,
+    draft: LoadedModel | None = None,
 ) -> tuple[Engine, LoadedModel]:
-    """The engine the settings describe, and the loaded target (loaded here unless given)."""
+    """The engine the settings describe, and the loaded target (loaded here unless given).
+
+    draft: the draft model, already loaded (benchmarks build many engines over the same
+    weights); loaded from `s.draft_model` when the settings need one and it is not given.
+    """
     target = target or load_model(s.model, s.dtype, device=s.device, progress=progress)
     ctx = s.ctx_size or min(target.cfg.context_length, 4096)
     runner = ModelRunner(target.model, num_slots=s.num_slots, max_len=ctx)
-    speculator = _speculator(s, target, ctx, progress)
+    speculator = _speculator(s, target, ctx, progress, draft)
     return Engine(runner, speculator), target
 
 
 def _speculator(
-    s: EngineSettings, target: LoadedModel, ctx: int, progress: bool
+    s: EngineSettings,
+    target: LoadedModel,
+    ctx: int,
+    progress: bool,
+    draft: LoadedModel | None = None,
 ) -> Speculator | None:
     if "draft" not in s.spec_types:
         return build_speculator(s.spec_types)
-    if not s.draft_model:
-        raise SpecserveError("--spec-type draft needs --draft-model")
-    draft = load_model(s.draft_model, s.dtype, device=s.device, progress=progress)
+    if draft is None:
+        if not s.draft_model:
+            raise SpecserveError("--spec-type draft needs --draft-model")
+        draft = load_model(s.draft_model, s.dtype, device=s.device, progress=progress)
     check_same_vocab(target, draft)
     draft_runner = ModelRunner(draft.model, num_slots=s.num_slots, max_len=ctx)
     # one draft forward costs about the size ratio of one target forward

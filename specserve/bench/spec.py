@@ -1,0 +1,329 @@
+"""Benchmark: speculative decoding on real prompts: speed, acceptance, and exactness.
+
+    specserve bench spec --models qwen2.5-coder-0.5b qwen2.5-coder-1.5b --out bench-out
+
+Workloads (chat template, greedy):
+- quicksort-{c,java,python}: "Write a quicksort demo in C. Please, write just code. ..."
+  Fresh code: n-gram drafters find little to copy.
+- rewrite-{c,java,python}: turn 2 of that conversation, "Rewrite the same program with
+  descriptive variable names.", after the model's OWN turn-1 answer (generated here without
+  speculation, once per model). The answer is mostly a copy of the context, which is where
+  drafting from the context pays.
+- prose: "Write a short story about a lighthouse keeper." Little to copy.
+
+Every configuration (`--spec-types`) runs on every model and workload, plus `none`, which
+is the reference: `speedup` is tok/s over the same model's `none` on the same workload, and
+`same` says whether the tokens equal `none`'s (the greedy contract). Configurations with
+`draft` use `--draft-model` and are skipped for the draft model itself. Each run gets a
+fresh engine, so cross-request memories (suffix's global tree, ngram-cache's dynamic
+cache) start empty and one configuration cannot learn from an earlier one's output.
+
+tok/s counts decoding only (the tokens after the first, over the time after the prompt
+pass), so a draft model's own prompt pass, made at its first draft, counts against it.
+
+The default dtype is float32. On this project's development CPU (AVX2, no native bf16)
+bfloat16 decodes one token only ~10% faster (both are bound by reading the weights), but
+a forward over 16 tokens costs ~2.5-3x more in bfloat16 than in float32 (its matmuls are
+compute bound, through conversions): verifying a draft is what speculation buys, so
+float32 is faster wherever drafts are long. Pass --dtype bfloat16 on hardware with bf16
+instructions (and expect `same` to fail more often: bf16 rounding depends on batch shape).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specserve.bench.report import Column, format_table, write_json
+from specserve.errors import SpecserveError
+
+if TYPE_CHECKING:
+    from specserve.loading.model import LoadedModel
+    from specserve.loading.tokenizer import Tokenizer
+
+TURN1 = (
+    "Write a quicksort demo in {lang}. Please, write just code. Do not write any extra comments."
+)
+TURN2 = "Rewrite the same program with descriptive variable names."
+PROSE = "Write a short story about a lighthouse keeper."
+LANGS = {"c": "C", "java": "Java", "python": "Python"}
+WORKLOADS = (
+    *(f"quicksort-{k}" for k in LANGS),
+    *(f"rewrite-{k}" for k in LANGS),
+    "prose",
+)
+CONFIGS = (
+    "ngram-simple",
+    "ngram-map-k",
+    "ngram-map-k4v",
+    "ngram-mod",
+    "ngram-cache",
+    "suffix",
+    "ngram-map-k,suffix",
+    "draft",
+    "ngram-map-k,suffix,draft",
+)
+NONE = "none"
+COLUMNS = (
+    Column("model", "model"),
+    Column("workload", "workload"),
+    Column("config", "config"),
+    Column("tokens", "tokens"),
+    Column("tok_s", "tok/s", ".2f"),
+    Column("speedup", "speedup", ".2f"),
+    Column("accept", "accept", ".2f"),
+    Column("mean_acc", "mean acc", ".2f"),
+    Column("same_text", "same"),
+    Column("hist", "accepted lengths (n:drafts)"),
+)
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--models",
+        nargs="+",
+        default=["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"],
+        help="target models (names or paths)",
+    )
+    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    p.add_argument(
+        "--spec-types",
+        nargs="+",
+        default=list(CONFIGS),
+        metavar="CONFIG",
+        help="configurations: a speculator type or a comma-separated chain; `none` (no "
+        "speculation) always runs first as the reference",
+    )
+    p.add_argument("--draft-model", default="qwen2.5-coder-0.5b", help="for `draft` configs")
+    p.add_argument("--draft-max", type=int, default=16, help="most draft tokens per step")
+    p.add_argument("--max-tokens", type=int, default=256, help="tokens to generate per run")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float64", "float32", "bfloat16"],
+        help="float32 by default: fastest to verify drafts on AVX2 CPUs (see the docstring)",
+    )
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument("--out", type=Path, default=None, help="write spec.json and spec.png here")
+
+
+@dataclass
+class Run:
+    """One generation: its tokens, decode speed and the speculator's statistics."""
+
+    tokens: list[int]
+    tok_s: float
+    seconds: float
+    stats: dict[str, Any] | None
+
+
+class Session:
+    """Models loaded once per benchmark run, and each model's reference (no-spec) runs."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.loaded: dict[str, LoadedModel] = {}
+        self.plain: dict[tuple[str, str], Run] = {}  # (model, workload) -> no-spec run
+
+    def load(self, name: str) -> LoadedModel:
+        from specserve.loading.model import load_model
+
+        if name not in self.loaded:
+            self.loaded[name] = load_model(name, self.args.dtype, progress=True)
+            self._warm_up(name)
+        return self.loaded[name]
+
+    def _warm_up(self, name: str) -> None:
+        """One short generation, so the first timed run pays no one-time costs."""
+        tok = self.tokenizer(name)
+        self.generate(name, NONE, tok.chat([{"role": "user", "content": "Hi"}]), max_tokens=4)
+
+    def prompt(self, model: str, workload: str) -> list[int]:
+        """The workload's prompt ids; a rewrite quotes the model's own turn-1 answer."""
+        tok = self.tokenizer(model)
+        if workload == "prose":
+            return list(tok.chat([{"role": "user", "content": PROSE}]))
+        kind, lang = workload.split("-")
+        turn1 = [{"role": "user", "content": TURN1.format(lang=LANGS[lang])}]
+        if kind == "quicksort":
+            return list(tok.chat(turn1))
+        answer = tok.decode(self.reference(model, f"quicksort-{lang}").tokens)
+        return list(
+            tok.chat(
+                [
+                    *turn1,
+                    {"role": "assistant", "content": answer},
+                    {"role": "user", "content": TURN2},
+                ]
+            )
+        )
+
+    def tokenizer(self, model: str) -> Tokenizer:
+        tok = self.load(model).tokenizer
+        if tok is None:
+            raise SpecserveError(f"{model} has no tokenizer: the workloads need its chat template")
+        return tok
+
+    def reference(self, model: str, workload: str) -> Run:
+        key = (model, workload)
+        if key not in self.plain:
+            self.plain[key] = self.generate(model, NONE, self.prompt(model, workload))
+        return self.plain[key]
+
+    def generate(
+        self, model: str, config: str, prompt: list[int], max_tokens: int | None = None
+    ) -> Run:
+        """Greedy generation with a fresh engine over the already loaded weights."""
+        from specserve.engine.request import Request, SpecParams
+        from specserve.engine.sampling import SamplingParams
+        from specserve.engine.setup import EngineSettings, build_engine
+
+        a = self.args
+        n = max_tokens or a.max_tokens
+        types = () if config == NONE else tuple(config.split(","))
+        settings = EngineSettings(
+            model=model,
+            dtype=a.dtype,
+            # room for the prompt, the answer and one last verification
+            ctx_size=len(prompt) + n + a.draft_max + 8,
+            spec_types=types,
+            draft_model=a.draft_model if "draft" in types else None,
+        )
+        draft = self.load(a.draft_model) if "draft" in types else None
+        engine, _ = build_engine(settings, target=self.load(model), draft=draft)
+        params = SamplingParams(temperature=0.0, max_tokens=n)
+        spec = SpecParams(n_max=a.draft_max if types else 0)
+        req = Request(prompt, params, spec, stop_ids=self.tokenizer(model).eog_ids)
+        t0 = time.perf_counter()
+        engine.generate([req])
+        seconds = time.perf_counter() - t0
+        tok_s = float(req.timings.as_dict()["predicted_per_second"])
+        stats = engine.speculator.stats.as_dict() if engine.speculator else None
+        return Run(list(req.output), tok_s, seconds, stats)
+
+
+def histogram(counts: list[int]) -> str:
+    """Drafts per accepted length, in power-of-two buckets past 2 (a compact table cell):
+    histogram([5, 2, 0, 1, 0, 3]) == '0:5 1:2 3-4:1 5-8:3'."""
+    buckets: dict[str, int] = {}
+    for n, c in enumerate(counts):
+        if c:
+            lo = 1 << ((n - 1).bit_length() - 1) if n > 2 else 0  # 3-4, 5-8, 9-16, ...
+            label = f"{lo + 1}-{2 * lo}" if lo else str(n)
+            buckets[label] = buckets.get(label, 0) + c
+    return " ".join(f"{k}:{v}" for k, v in buckets.items()) or "-"
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first token where a and b differ (a length difference counts); None if equal."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def make_row(model: str, workload: str, config: str, run: Run, ref: Run) -> dict[str, Any]:
+    s = run.stats or {}
+    drafts = int(s.get("drafts_generated", 0))
+    diff = first_difference(run.tokens, ref.tokens)
+    return {
+        "model": model,
+        "workload": workload,
+        "config": config,
+        "tokens": len(run.tokens),
+        "tok_s": run.tok_s,
+        "speedup": run.tok_s / ref.tok_s if ref.tok_s else 0.0,
+        # None (printed '-') where nothing was drafted
+        "accept": s["acceptance_rate"] if drafts else None,
+        "mean_acc": s["tokens_accepted"] / drafts if drafts else None,
+        "hist": histogram(list(s.get("accept_len_hist", []))),
+        "same": diff is None,
+        "same_text": "yes" if diff is None else f"NO@{diff}",
+        "first_diff": diff,
+        "drafts": drafts,
+        "drafted_tokens": int(s.get("tokens_generated", 0)),
+        "draft_seconds": float(s.get("draft_seconds", 0.0)),
+        "seconds": run.seconds,
+    }
+
+
+def configs_for(model: str, args: argparse.Namespace) -> list[str]:
+    """`none` first, then the asked configurations that make sense for this model."""
+    asked = [c for c in args.spec_types if c != NONE]
+    # a model drafting for itself would accept everything and measure nothing
+    return [NONE, *(c for c in asked if "draft" not in c.split(",") or model != args.draft_model)]
+
+
+def main(args: argparse.Namespace) -> None:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    session = Session(args)
+    rows: list[dict[str, Any]] = []
+    for model in args.models:
+        for workload in args.workloads:
+            ref = session.reference(model, workload)
+            for config in configs_for(model, args):
+                run = (
+                    ref
+                    if config == NONE
+                    else session.generate(model, config, session.prompt(model, workload))
+                )
+                rows.append(make_row(model, workload, config, run, ref))
+                print(progress_line(rows[-1]), flush=True)
+        if model != args.draft_model:  # done with it: free its memory for the next one
+            session.loaded.pop(model, None)
+    print(format_table(rows, COLUMNS))
+    if args.out:
+        write_outputs(rows, args.out, args)
+
+
+def progress_line(r: dict[str, Any]) -> str:
+    same = "same" if r["same"] else f"DIFFERS at token {r['first_diff']}"
+    return (
+        f"[{r['model']} {r['workload']} {r['config']}] {r['tokens']} tokens, "
+        f"{r['tok_s']:.2f} tok/s (x{r['speedup']:.2f}), {r['drafts']} drafts, {same}"
+    )
+
+
+def write_outputs(rows: list[dict[str, Any]], out: Path, args: argparse.Namespace) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    settings.pop("func", None)
+    write_json(out / "spec.json", {"settings": settings, "rows": rows})
+    plot(rows, out / "spec.png")
+    print(f"wrote {out / 'spec.json'} and {out / 'spec.png'}")
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """One panel per model: speedup over no speculation, bars per config, grouped by workload."""
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise SpecserveError("the plot needs matplotlib: pip install matplotlib") from e
+    matplotlib.use("Agg")  # files only; no display
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(len(models), 1, figsize=(12, 4 * len(models)), squeeze=False)
+    for ax, model in zip(axes[:, 0], models, strict=True):
+        mine = [r for r in rows if r["model"] == model and r["config"] != NONE]
+        workloads = list(dict.fromkeys(r["workload"] for r in mine))
+        configs = list(dict.fromkeys(r["config"] for r in mine))
+        width = 0.8 / max(len(configs), 1)
+        for i, config in enumerate(configs):
+            by_w = {r["workload"]: r["speedup"] for r in mine if r["config"] == config}
+            xs = [w + i * width - 0.4 + width / 2 for w in range(len(workloads))]
+            ax.bar(xs, [by_w.get(w, 0.0) for w in workloads], width, label=config)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(workloads)), workloads)
+        ax.set_ylabel("speedup vs no spec")
+        ax.set_title(model)
+        ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
