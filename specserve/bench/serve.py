@@ -81,7 +81,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
         nargs="+",
         choices=["on", "off"],
         default=["on", "off"],
-        help="speculation settings to run (both)",
+        help="speculation settings to run (both; --load runs the first)",
     )
     p.add_argument("--spec-type", default=DEFAULT_SPEC, help=f"the chain for 'on' ({DEFAULT_SPEC})")
     p.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.png")

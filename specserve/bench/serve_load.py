@@ -6,7 +6,10 @@ One `specserve serve -np 4` subprocess, `--clients` closed-loop streaming client
 `--duration` seconds (each also capped at `--requests-per-client` requests, so the run is
 bounded in time and in count and stops by itself; a request started before the deadline
 runs to its end). The server's RSS (VmRSS in /proc/PID/status) is sampled when the load
-starts, every `--sample-every` seconds and at the end.
+starts, every `--sample-every` seconds and at the end. Speculation is the first `--spec`
+value (on: the server's default chain). Prompts repeat once the 16 in workload.py are used,
+so the suffix speculator drafts repeats well: this mode is about errors and memory, the
+throughput it prints is not the benchmark's.
 
 "Flat" (see `judge_flat`): the last sample is at most max(2 %, 32 MiB) above the first
 sample taken under load. The sample at the start is not the baseline: before the first
