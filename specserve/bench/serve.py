@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from specserve.bench.report import Column, format_table, out_paths, write_json
-from specserve.bench.server_process import ServerProcess, ServerSpec
+from specserve.bench.server_process import ServerSpec, launch
 from specserve.bench.workload import RunResult, Workload, run_workload, warm_up
 from specserve.server.cli_args import DEFAULT_SPEC
 
@@ -86,6 +86,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-type", default=DEFAULT_SPEC, help=f"the chain for 'on' ({DEFAULT_SPEC})")
     p.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.png")
     p.add_argument("--log-dir", type=Path, default=None, help="keep the servers' logs here")
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run each server in a thread of this process (quick start, for tests); the "
+        "default subprocess keeps the clients off the engine's GIL and its RSS its own",
+    )
     load = p.add_argument_group("load mode")
     load.add_argument("--load", action="store_true", help="errors and RSS under steady load")
     load.add_argument("--duration", type=float, default=300.0, help="seconds of load (300)")
@@ -136,7 +142,8 @@ def run_matrix(args: argparse.Namespace, work: Workload, log_dir: Path) -> list[
     for spec in args.spec:
         for slots in sorted(args.slots or [1, 2, 4]):
             sspec = server_spec(args, slots, spec)
-            with ServerProcess(sspec, log_dir / f"server-np{slots}-spec-{spec}.log") as server:
+            log = log_dir / f"server-np{slots}-spec-{spec}.log"
+            with launch(sspec, log, args.in_process) as server:
                 warm_up(server.url)
                 run = run_workload(server.url, work)
             r = make_row(sspec, spec, run)

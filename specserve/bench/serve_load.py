@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from specserve.bench.report import Column, format_table, out_paths, write_json
-from specserve.bench.server_process import RssSampler, ServerProcess
+from specserve.bench.server_process import InProcessServer, RssSampler, ServerProcess, launch
 from specserve.bench.workload import RequestResult, RunResult, Workload, run_workload, warm_up
 from specserve.errors import SpecserveError
 
@@ -113,7 +113,7 @@ def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="specserve-load-") as tmp:
         log_dir = args.log_dir or Path(tmp)
         log_dir.mkdir(parents=True, exist_ok=True)
-        with ServerProcess(sspec, log_dir / "server-load.log") as server:
+        with launch(sspec, log_dir / "server-load.log", args.in_process) as server:
             warm_up(server.url)
             run, samples = run_with_sampler(server, work, args.sample_every)
     print(f"server: -np {sspec.slots}, --spec-type {sspec.spec_type}; {work.clients} clients")
@@ -128,7 +128,7 @@ def main(args: argparse.Namespace) -> None:
 
 
 def run_with_sampler(
-    server: ServerProcess, work: Workload, every: float
+    server: ServerProcess | InProcessServer, work: Workload, every: float
 ) -> tuple[RunResult, list[Sample]]:
     """The clients' run, with the server's RSS sampled alongside it."""
     finished: list[RequestResult] = []

@@ -1,4 +1,5 @@
 """A `specserve serve` subprocess for the serving benchmarks: start, wait, measure, stop.
+(`InProcessServer` is the same server in a thread, for tests.)
 
     with ServerProcess(ServerSpec(model="qwen2.5-coder-0.5b", slots=4), log_path) as server:
         ...  # clients talk to server.url; server.rss_mib() reads its resident memory
@@ -11,6 +12,7 @@ and we read the port from uvicorn's "Uvicorn running on ..." line in its log.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import signal
@@ -22,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import httpx2
 
@@ -43,15 +46,15 @@ class ServerSpec:
     ctx_size: int = 0
     threads: int = 0  # OMP_NUM_THREADS for the server; 0 = torch's default
 
+    def flags(self) -> list[str]:
+        """The `specserve serve` flags for this server on a free 127.0.0.1 port."""
+        flags = ["--model", self.model, "--alias", MODEL_ID, "--dtype", self.dtype]
+        flags += ["-np", str(self.slots), "--spec-type", self.spec_type]
+        flags += ["--host", "127.0.0.1", "--port", "0", "--ctx-size", str(self.ctx_size)]
+        return flags + (["--device", self.device] if self.device else [])
+
     def argv(self) -> list[str]:
-        """The command line that starts this server on a free 127.0.0.1 port."""
-        cmd = [sys.executable, "-m", "specserve.server.cli_args", "--model", self.model]
-        cmd += ["--alias", MODEL_ID, "--dtype", self.dtype, "-np", str(self.slots)]
-        cmd += ["--spec-type", self.spec_type, "--host", "127.0.0.1", "--port", "0"]
-        cmd += ["--ctx-size", str(self.ctx_size)]
-        if self.device:
-            cmd += ["--device", self.device]
-        return cmd
+        return [sys.executable, "-m", "specserve.server.cli_args", *self.flags()]
 
 
 def read_rss_mib(pid: int) -> float:
@@ -147,6 +150,92 @@ class ServerProcess:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class InProcessServer:
+    """The same server in a thread of this process: starts in a moment (no second torch
+    import), for tests and quick checks. Its clients share the GIL with the engine thread
+    and its RSS is this whole process's, so measured runs use `ServerProcess`.
+    """
+
+    def __init__(self, spec: ServerSpec) -> None:
+        self.spec = spec
+        self.url = ""
+        self.pid = os.getpid()
+        self._server: Any = None  # a uvicorn.Server once started
+        self._thread: threading.Thread | None = None
+        self._torch_threads = 0
+
+    def start(self) -> None:
+        import socket
+
+        import torch
+        import uvicorn
+
+        from specserve.server.app import build_app
+        from specserve.server.cli_args import add_serve_args, build_server
+
+        parser = argparse.ArgumentParser()
+        add_serve_args(parser)
+        # the subprocess's own flags, so both kinds of server are configured identically
+        args = parser.parse_args(self.spec.flags())
+        args.device = args.device or "cpu"
+        loop, cfg, loaded = build_server(args)
+        assert loaded.tokenizer is not None
+        app = build_app(loop, loaded.tokenizer, cfg)
+        if self.spec.threads:  # OMP_NUM_THREADS is read once at torch's start: set it here
+            self._torch_threads = torch.get_num_threads()
+            torch.set_num_threads(self.spec.threads)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))  # the kernel picks a free port
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + 60
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise SpecserveError("the in-process server did not start")
+            time.sleep(0.02)
+        host, port = sock.getsockname()
+        self.url = f"http://{host}:{port}"
+
+    def rss_mib(self) -> float:
+        return read_rss_mib(self.pid)
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(60)
+            self._server = None
+        if self._torch_threads:
+            import torch
+
+            torch.set_num_threads(self._torch_threads)
+            self._torch_threads = 0
+
+    def __enter__(self) -> InProcessServer:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def launch(spec: ServerSpec, log_path: Path, in_process: bool) -> ServerProcess | InProcessServer:
+    """The server a benchmark configuration runs against (a context manager)."""
+    return InProcessServer(spec) if in_process else ServerProcess(spec, log_path)
 
 
 class RssSampler:
