@@ -8,9 +8,8 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+from specserve.engine.flags import add_engine_args
 from specserve.errors import SpecserveError
-
-DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 
 
 def _models(args: argparse.Namespace) -> None:
@@ -27,9 +26,10 @@ def _models(args: argparse.Namespace) -> None:
 
 
 def _generate(args: argparse.Namespace) -> None:
-    from specserve.engine.request import Request, SpecParams
+    from specserve.engine.flags import settings_from_args, spec_defaults_from_args
+    from specserve.engine.request import Request
     from specserve.engine.sampling import SamplingParams
-    from specserve.engine.setup import EngineSettings, build_engine
+    from specserve.engine.setup import build_engine
 
     params = SamplingParams(
         temperature=args.temperature,
@@ -39,14 +39,8 @@ def _generate(args: argparse.Namespace) -> None:
         seed=args.seed,
         max_tokens=args.max_tokens,
     )
-    spec = SpecParams(args.draft_max, args.draft_min, args.draft_p_min)
-    settings = EngineSettings(
-        model=args.model,
-        dtype=args.dtype,
-        ctx_size=args.ctx_size,
-        spec_types=(args.spec_type,),
-        draft_model=args.draft_model,
-    )
+    spec = spec_defaults_from_args(args)
+    settings = settings_from_args(args)
     engine, loaded = build_engine(settings, progress=not args.json)
     tok = loaded.tokenizer
     if tok is None:
@@ -117,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(func=_models)
 
     g = sub.add_parser("generate", help="generate text for one prompt")
-    _model_args(g)
+    add_engine_args(g, "none", slots=1)
     g.add_argument("--prompt", required=True, help="the prompt text")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     g.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate")
@@ -127,7 +121,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top one")
     g.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
     g.add_argument("--json", action="store_true", help="print one JSON object with the result")
-    _spec_args(g)
     g.set_defaults(func=_generate)
 
     from specserve.server.cli_args import add_serve_args, run_serve
@@ -156,47 +149,6 @@ def build_parser() -> argparse.ArgumentParser:
     bench_spec.add_args(bsp)
     b.set_defaults(func=_bench)
     return p
-
-
-def _spec_args(p: argparse.ArgumentParser) -> None:
-    from specserve.engine.request import SpecParams
-    from specserve.spec.registry import SPEC_TYPES
-
-    d = SpecParams()
-    s = p.add_argument_group("speculative decoding (greedy output is the same with it on or off)")
-    s.add_argument(
-        "--spec-type",
-        default="none",
-        help=f"comma-separated types ({', '.join(SPEC_TYPES)}); several make a chain that "
-        "picks the best draft per step (default none)",
-    )
-    s.add_argument("--draft-model", default=None, help="draft model (name, .gguf or folder)")
-    s.add_argument("--draft-max", type=int, default=d.n_max, help=f"most draft tokens ({d.n_max})")
-    s.add_argument("--draft-min", type=int, default=d.n_min, help="drop shorter drafts (0)")
-    s.add_argument(
-        "--draft-p-min",
-        type=float,
-        default=d.p_min,
-        help=f"a draft model stops below this probability ({d.p_min})",
-    )
-
-
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model",
-        default=DEFAULT_MODEL,
-        help=f"a model name (see `specserve models list`), a .gguf file or an HF folder "
-        f"(default {DEFAULT_MODEL})",
-    )
-    p.add_argument(
-        "--dtype",
-        default="float32",
-        choices=["float64", "float32", "bfloat16"],
-        help="compute dtype; GGUF weights are dequantized to it (default float32)",
-    )
-    p.add_argument(
-        "--ctx-size", type=int, default=0, help="context length (default min(model, 4096))"
-    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,6 +14,7 @@ from specserve.engine.engine import Engine
 from specserve.engine.runner import ModelRunner
 from specserve.errors import SpecserveError
 from specserve.loading.model import LoadedModel, load_model
+from specserve.models.layers.invariant import make_batch_invariant
 from specserve.spec.base import Speculator
 from specserve.spec.registry import build_speculator, parse_types
 
@@ -27,6 +28,8 @@ class EngineSettings:
     ctx_size: int = 0  # 0 = min(model's context, 4096)
     spec_types: tuple[str, ...] = ()
     draft_model: str | None = None
+    weights: str = "dequant"  # dequant | int8 | int4 | auto (see models/layers/quant.py)
+    deterministic: bool = False  # batch-invariant kernels (models/layers/invariant.py)
 
     def __post_init__(self) -> None:
         if self.num_slots < 1:
@@ -51,8 +54,18 @@ def check_same_vocab(target: LoadedModel, draft: LoadedModel) -> None:
         )
 
 
-def param_count(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of weights a forward reads (quantized layers keep theirs in buffers)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in {id(t): t for t in tensors}.values())
+
+
+def load(s: EngineSettings, spec: str, progress: bool) -> LoadedModel:
+    """Load a target or draft model the way the settings say."""
+    loaded = load_model(spec, s.dtype, device=s.device, progress=progress, weights=s.weights)
+    if s.deterministic:
+        make_batch_invariant(loaded.model)
+    return loaded
 
 
 def build_engine(
@@ -66,7 +79,7 @@ def build_engine(
     draft: the draft model, already loaded (benchmarks build many engines over the same
     weights); loaded from `s.draft_model` when the settings need one and it is not given.
     """
-    target = target or load_model(s.model, s.dtype, device=s.device, progress=progress)
+    target = target or load(s, s.model, progress)
     ctx = s.ctx_size or min(target.cfg.context_length, 4096)
     runner = ModelRunner(target.model, num_slots=s.num_slots, max_len=ctx)
     speculator = _speculator(s, target, ctx, progress, draft)
@@ -85,9 +98,9 @@ def _speculator(
     if draft is None:
         if not s.draft_model:
             raise SpecserveError("--spec-type draft needs --draft-model")
-        draft = load_model(s.draft_model, s.dtype, device=s.device, progress=progress)
+        draft = load(s, s.draft_model, progress)
     check_same_vocab(target, draft)
     draft_runner = ModelRunner(draft.model, num_slots=s.num_slots, max_len=ctx)
-    # one draft forward costs about the size ratio of one target forward
-    cost = param_count(draft.model) / param_count(target.model)
+    # decoding is memory-bound: a draft forward costs about its share of weight bytes
+    cost = weight_bytes(draft.model) / weight_bytes(target.model)
     return build_speculator(s.spec_types, draft_runner, cost)

@@ -13,13 +13,13 @@ import os
 import sys
 from collections.abc import Sequence
 
+from specserve.engine.flags import add_engine_args, settings_from_args, spec_defaults_from_args
 from specserve.engine.request import SpecParams
-from specserve.engine.setup import EngineSettings, build_engine
+from specserve.engine.setup import build_engine
 from specserve.errors import SpecserveError
 from specserve.loading.model import LoadedModel
 from specserve.server.app import ServerConfig, build_app
 from specserve.server.loop import EngineLoop
-from specserve.spec.registry import parse_types
 
 DEFAULT_SPEC = "ngram-map-k,suffix"  # needs no draft model; see `specserve bench spec`
 
@@ -27,52 +27,8 @@ DRAIN_TIMEOUT_S = 30.0  # SIGTERM: how long running requests may take to finish
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
-    m = p.add_argument_group("model")
-    m.add_argument(
-        "--model",
-        "-m",
-        default="qwen2.5-coder-0.5b",
-        help="a model name, a .gguf file or an HF folder (default qwen2.5-coder-0.5b)",
-    )
-    m.add_argument("--alias", default=None, help="the model id clients send (default: --model)")
-    m.add_argument(
-        "--dtype",
-        default="float32",
-        choices=["float64", "float32", "bfloat16"],
-        help="compute dtype (default float32)",
-    )
-    m.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    m.add_argument(
-        "--ctx-size", "-c", type=int, default=0, help="context per slot (default min(model, 4096))"
-    )
-    m.add_argument("--parallel", "-np", type=int, default=4, help="parallel slots (default 4)")
-    s = p.add_argument_group("speculative decoding")
-    s.add_argument(
-        "--spec-type",
-        default=DEFAULT_SPEC,
-        help="comma-separated speculator types, or 'none': ngram-simple, ngram-map-k, "
-        "ngram-map-k4v, ngram-mod, ngram-cache, suffix, draft (needs --draft-model); "
-        f"several make a chain that picks the best draft per slot (default {DEFAULT_SPEC})",
-    )
-    s.add_argument(
-        "--draft-model", "-md", default=None, help="the draft model (name, .gguf, folder)"
-    )
-    d = SpecParams()
-    s.add_argument(
-        "--draft-max", type=int, default=d.n_max, help=f"most draft tokens (default {d.n_max})"
-    )
-    s.add_argument(
-        "--draft-min",
-        type=int,
-        default=d.n_min,
-        help=f"shorter drafts are dropped (default {d.n_min})",
-    )
-    s.add_argument(
-        "--draft-p-min",
-        type=float,
-        default=d.p_min,
-        help=f"least draft probability to go on drafting (default {d.p_min})",
-    )
+    add_engine_args(p, DEFAULT_SPEC, slots=4)
+    p.add_argument("--alias", default=None, help="the model id clients send (default: --model)")
     h = p.add_argument_group("http")
     h.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     h.add_argument("--port", type=int, default=8080, help="port (default 8080)")
@@ -91,16 +47,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
 
 def build_server(args: argparse.Namespace) -> tuple[EngineLoop, ServerConfig, LoadedModel]:
     """Load the model(s) and build the engine loop and HTTP settings the flags describe."""
-    defaults = SpecParams(args.draft_max, args.draft_min, args.draft_p_min)  # ValueError if bad
-    settings = EngineSettings(
-        model=args.model,
-        dtype=args.dtype,
-        device=args.device or ("cuda" if _cuda() else "cpu"),
-        num_slots=args.parallel,
-        ctx_size=args.ctx_size,
-        spec_types=tuple(parse_types(args.spec_type)),
-        draft_model=args.draft_model,
-    )
+    defaults = spec_defaults_from_args(args)  # ValueError if bad
+    settings = settings_from_args(args)
     engine, loaded = build_engine(settings)
     if loaded.tokenizer is None:
         raise SpecserveError(f"{loaded.path} has no tokenizer files")

@@ -1,0 +1,99 @@
+"""Command-line flags that describe an engine, shared by `generate`, `serve` and benchmarks.
+
+Flags become an EngineSettings (and per-request SpecParams defaults) here, nowhere else.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from specserve.engine.request import SpecParams
+from specserve.engine.setup import EngineSettings
+from specserve.models.layers.quant import WEIGHT_MODES
+from specserve.spec.registry import SPEC_TYPES, parse_types
+
+DEFAULT_MODEL = "qwen2.5-coder-0.5b"
+
+
+def add_engine_args(p: argparse.ArgumentParser, default_spec: str, slots: int) -> None:
+    """Model, precision and speculation flags; `slots` > 1 adds -np/--parallel."""
+    m = p.add_argument_group("model")
+    m.add_argument(
+        "--model",
+        "-m",
+        default=DEFAULT_MODEL,
+        help=f"a model name (see `specserve models list`), a .gguf file or an HF folder "
+        f"(default {DEFAULT_MODEL})",
+    )
+    m.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float64", "float32", "bfloat16"],
+        help="compute dtype; float weights are converted to it (default float32)",
+    )
+    m.add_argument(
+        "--weights",
+        default="dequant",
+        choices=WEIGHT_MODES,
+        help="dequant: float weights; int8 / int4: weight-only quantized CPU kernels (use "
+        "with --dtype bfloat16); auto: each GGUF tensor on the nearest kernel (default dequant)",
+    )
+    m.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    m.add_argument(
+        "--ctx-size", "-c", type=int, default=0, help="context per slot (default min(model, 4096))"
+    )
+    m.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="batch-invariant kernels: a sequence's output never depends on what shares "
+        "its batch (slower)",
+    )
+    if slots > 1:
+        m.add_argument(
+            "--parallel", "-np", type=int, default=slots, help=f"parallel slots (default {slots})"
+        )
+    _add_spec_args(p, default_spec)
+
+
+def _add_spec_args(p: argparse.ArgumentParser, default_spec: str) -> None:
+    d = SpecParams()
+    s = p.add_argument_group("speculative decoding (greedy output is the same on or off)")
+    s.add_argument(
+        "--spec-type",
+        default=default_spec,
+        help=f"comma-separated types or 'none': {', '.join(SPEC_TYPES)}; several make a "
+        f"chain that picks the most promising draft per slot and step (default {default_spec})",
+    )
+    s.add_argument("--draft-model", "-md", default=None, help="draft model (name, .gguf, folder)")
+    s.add_argument("--draft-max", type=int, default=d.n_max, help=f"most draft tokens ({d.n_max})")
+    s.add_argument(
+        "--draft-min", type=int, default=d.n_min, help=f"drop shorter drafts ({d.n_min})"
+    )
+    s.add_argument(
+        "--draft-p-min",
+        type=float,
+        default=d.p_min,
+        help=f"a draft model stops before a token it gives less probability ({d.p_min})",
+    )
+
+
+def settings_from_args(args: argparse.Namespace) -> EngineSettings:
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return EngineSettings(
+        model=args.model,
+        dtype=args.dtype,
+        device=device,
+        num_slots=getattr(args, "parallel", 1),
+        ctx_size=args.ctx_size,
+        spec_types=tuple(parse_types(args.spec_type)),
+        draft_model=args.draft_model,
+        weights=args.weights,
+        deterministic=args.deterministic,
+    )
+
+
+def spec_defaults_from_args(args: argparse.Namespace) -> SpecParams:
+    """Per-request speculation defaults (ValueError if the flags contradict each other)."""
+    return SpecParams(args.draft_max, args.draft_min, args.draft_p_min)
