@@ -2,8 +2,10 @@
 
 It keeps its own memory slots (one per target slot). Each step it first catches up with
 the tokens the target emitted since last time (rolling its memory back to the longest
-prefix it still shares with the slot's context, so rejected draft tokens are forgotten),
-then drafts greedily: one forward per draft position, all drafting slots batched together.
+prefix it still shares with the slot's context, so rejected draft tokens are forgotten;
+a hybrid draft model, whose recurrent state cannot be truncated, goes back to the
+checkpoint it took after the previous catch-up and re-feeds from there), then drafts
+greedily: one forward per draft position, all drafting slots batched together.
 A slot stops at n_max, or before a token whose draft probability is below p_min
 (llama.cpp's rule); drafts shorter than n_min are dropped by the base class.
 
@@ -25,6 +27,8 @@ from specserve.spec.base import Draft, DraftRequest, Speculator
 
 class DraftMemory(Protocol):
     def length(self, slot: int) -> int: ...
+    def restorable(self, slot: int, n: int) -> int: ...
+    def checkpoint(self, slot: int) -> None: ...
     def commit(self, slot: int, n_keep: int) -> None: ...
     def free(self, slot: int) -> None: ...
 
@@ -70,6 +74,9 @@ class DraftModelSpeculator(Speculator):
         (at least the newest one, whose logits propose the first draft token)."""
         fed = self._fed.setdefault(req.slot, [])
         keep = min(shared_prefix(fed, req.tokens), len(req.tokens) - 1)
+        # a recurrent draft model returns to its checkpoint (set after the last catch-up)
+        # and re-feeds the tokens after it; attention-only ones truncate right at `keep`
+        keep = self.runner.memory.restorable(req.slot, keep)
         self.runner.memory.commit(req.slot, keep)
         del fed[keep:]
         todo = list(req.tokens[keep:])
@@ -84,8 +91,13 @@ class DraftModelSpeculator(Speculator):
         drafts = {r.slot: Draft() for r in requests}
         limits = {r.slot: (r.n_max, r.p_min) for r in requests}
         work = [SlotInput(r.slot, self._catch_up(r), 1) for r in requests if r.n_max > 0]
+        caught_up = False
         while work:
             logits = self.runner.forward(work)
+            if not caught_up:  # next step rolls back no further than this
+                for w in work:
+                    self.runner.memory.checkpoint(w.slot)
+                caught_up = True
             nxt = []
             for w, lg in zip(work, logits, strict=True):
                 self._fed[w.slot].extend(w.tokens)

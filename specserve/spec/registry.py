@@ -9,6 +9,7 @@ from specserve.errors import SpecserveError
 from specserve.spec.base import Speculator
 from specserve.spec.chain import ChainSpeculator
 from specserve.spec.draft_model import DraftModelSpeculator, DraftRunner
+from specserve.spec.mtp import MtpSpeculator, MtpTarget
 
 # name -> "module:Class" of the drafters that need nothing but their defaults
 _SIMPLE = {
@@ -26,7 +27,9 @@ def parse_types(text: str | Sequence[str] | None) -> list[str]:
     """'ngram-mod,draft' or ['ngram-mod', 'draft'] -> validated names ('' / 'none' = none)."""
     if text is None:
         return []
-    items = text.split(",") if isinstance(text, str) else list(text)
+    items = [
+        part for item in ([text] if isinstance(text, str) else text) for part in item.split(",")
+    ]
     names = [t.strip() for t in items if t.strip() and t.strip() != "none"]
     unknown = [t for t in names if t not in SPEC_TYPES]
     if unknown:
@@ -48,8 +51,10 @@ def build_speculator(
     types: Sequence[str],
     draft_runner: DraftRunner | None = None,
     draft_cost: float = 0.0,
+    target: MtpTarget | None = None,
 ) -> Speculator | None:
-    """One speculator for the given types; None for none. `draft` needs draft_runner."""
+    """One speculator for the given types; None for none. `draft` needs draft_runner,
+    `mtp` the target's runner (whose model must have MTP layers)."""
     made: list[Speculator] = []
     for name in parse_types(types):
         if name == "draft":
@@ -57,7 +62,12 @@ def build_speculator(
                 raise SpecserveError("--spec-type draft needs --draft-model")
             made.append(DraftModelSpeculator(draft_runner, draft_cost))
         elif name == "mtp":
-            raise SpecserveError("mtp drafting needs a model with an MTP head (not available yet)")
+            if target is None or getattr(target.model, "mtp", None) is None:
+                raise SpecserveError(
+                    "--spec-type mtp needs a model whose weights have multi-token-prediction "
+                    "layers (Qwen3-Next / Qwen3.5 with mtp.* tensors, or nextn in GGUF)"
+                )
+            made.append(MtpSpeculator.from_runner(target))
         else:
             made.append(_simple(name))
     if not made:

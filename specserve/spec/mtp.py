@@ -1,0 +1,153 @@
+"""`mtp`: the target's own multi-token-prediction layer drafts (Qwen3-Next / Qwen3.5).
+
+The MTP head turns (embedding of token x_{i+1}, target hidden state h_i) into a hidden
+state that predicts x_{i+2} through the target's lm_head (models/qwen3_next.py MtpHead).
+Its attention layer keeps its own KV cache here, one row per position i, so that:
+
+- rows built from the *target's* hidden states are exact and stay: every step first feeds
+  the rows the target's last forward made possible (its final hidden states come from the
+  runner, `take_hidden`), the last of them proposing the first draft token;
+- each further draft token d_j is fed with the head's *own* previous hidden state (the
+  target has not run yet); those rows are approximations, dropped next step when the
+  target's real hidden states for those positions arrive.
+
+Drafts are argmax tokens without probabilities, like the draft model's, so verification
+keeps speculation on == off token for token (spec/verify.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from specserve.models.batch import FlatBatch
+from specserve.models.qwen3_next import MtpHead
+from specserve.spec.base import Draft, DraftRequest, Speculator
+
+
+class HiddenSource(Protocol):
+    """The target's runner, as far as the mtp speculator reads it."""
+
+    record_hidden: bool
+
+    def take_hidden(self, slot: int) -> tuple[int, torch.Tensor]: ...
+
+
+class MtpModel(Protocol):
+    """The target model: its MTP head, token embedding and logits (lm_head)."""
+
+    mtp: MtpHead | None
+    embed: nn.Embedding
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
+class SlotMemory(Protocol):
+    num_slots: int
+    max_len: int
+
+
+class MtpTarget(HiddenSource, Protocol):
+    """The target's runner: its hidden states, its model and its memory's size."""
+
+    @property
+    def model(self) -> MtpModel: ...
+
+    @property
+    def memory(self) -> SlotMemory: ...
+
+
+class MtpSpeculator(Speculator):
+    name = "mtp"
+
+    @classmethod
+    def from_runner(cls, runner: MtpTarget) -> MtpSpeculator:
+        """Draft with the MTP head of the model the target runner runs."""
+        mem = runner.memory
+        return cls(runner, runner.model, mem.num_slots, mem.max_len)
+
+    def __init__(self, target: HiddenSource, model: MtpModel, num_slots: int, max_len: int) -> None:
+        super().__init__()
+        if model.mtp is None:
+            raise ValueError("the model has no multi-token-prediction layers")
+        self.head, self.model = model.mtp, model
+        target.record_hidden = True  # from now on the runner keeps final hidden states
+        self.target = target
+        self.cache = self.head.new_cache(num_slots, max_len)
+        self.device = self.head.fc.weight.device
+        # one draft step costs about one decoder layer plus the lm_head, of the whole target
+        n_layers = len(getattr(model, "layers", [])) or 1
+        self.relative_cost = 1.0 / (n_layers + 1)
+        self._exact: dict[int, int] = {}  # slot -> MTP rows built from target hidden states
+        self._hidden: dict[int, tuple[int, torch.Tensor]] = {}  # target states not yet fed
+
+    def _begin(self, slot: int, prompt: Sequence[int]) -> None:
+        self._reset(slot)
+
+    def _reset(self, slot: int) -> None:
+        self.cache.truncate(slot, 0)
+        self._exact[slot] = 0
+        self._hidden.pop(slot, None)
+
+    def _gather(self, slot: int) -> tuple[int, torch.Tensor]:
+        """The target hidden states for positions from the slot's exact MTP rows on."""
+        p, rows = self.target.take_hidden(slot)
+        if slot in self._hidden:
+            q, old = self._hidden[slot]
+            p, rows = q, torch.cat((old[: max(0, p - q)], rows))
+        exact = self._exact.get(slot, 0)
+        if p > exact:  # states of earlier positions never came: start the head over
+            raise RuntimeError(f"slot {slot}: target hidden states start at {p}, need {exact}")
+        self._hidden[slot] = (exact, rows[exact - p :])
+        return self._hidden[slot]
+
+    def _catch_up(self, req: DraftRequest) -> tuple[list[int], torch.Tensor]:
+        """Rows to feed: tokens x_{i+1} and target states h_i for i = exact .. n - 2."""
+        exact, hidden = self._gather(req.slot)
+        self.cache.truncate(req.slot, exact)  # drop last step's approximate rows
+        n_rows = len(req.tokens) - 1 - exact
+        if n_rows < 1 or hidden.shape[0] < n_rows:
+            raise RuntimeError(f"slot {req.slot}: the target's hidden states are missing")
+        tokens = list(req.tokens[exact + 1 :])
+        self._exact[req.slot] = exact + n_rows
+        self._hidden[req.slot] = (exact + n_rows, hidden[n_rows:])
+        return tokens, hidden[:n_rows]
+
+    def _forward(
+        self, slots: list[int], tokens: list[list[int]], hidden: list[torch.Tensor]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """One head forward over every slot's rows -> per slot (logits of its last row [V],
+        the head's hidden state of its last row [D])."""
+        starts = [self.cache.lengths[s] for s in slots]
+        batch = FlatBatch.build(slots, starts, [len(t) for t in tokens], self.device)
+        ids = torch.tensor([t for ts in tokens for t in ts], device=self.device)
+        out = self.head(self.model.embed(ids), torch.cat(hidden), batch, self.cache)
+        last = out[[c - 1 for c in batch.cu_seqlens[1:]]]
+        return list(zip(self.model.logits(last), last, strict=True))
+
+    @torch.inference_mode()
+    def _draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        drafts = {r.slot: Draft() for r in requests}
+        limits = {r.slot: (r.n_max, r.p_min) for r in requests}
+        asked = [r for r in requests if r.n_max > 0]
+        rows = [self._catch_up(r) for r in asked]
+        slots = [r.slot for r in asked]
+        tokens = [t for t, _ in rows]
+        hidden = [h for _, h in rows]
+        while slots:
+            nxt: tuple[list[int], list[list[int]], list[torch.Tensor]] = ([], [], [])
+            for slot, (logits, h) in zip(slots, self._forward(slots, tokens, hidden), strict=True):
+                p, tok = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+                n_max, p_min = limits[slot]
+                if float(p) < p_min:
+                    continue
+                drafts[slot].tokens.append(int(tok))
+                if len(drafts[slot]) < n_max:
+                    nxt[0].append(slot)
+                    nxt[1].append([int(tok)])
+                    nxt[2].append(h[None])
+            slots, tokens, hidden = nxt
+        return [drafts[r.slot] for r in requests]
