@@ -10,6 +10,7 @@ import argparse
 import torch
 
 from specserve.engine.request import SpecParams
+from specserve.engine.rollback import STRATEGIES
 from specserve.engine.setup import EngineSettings
 from specserve.models.layers.quant import WEIGHT_MODES
 from specserve.spec.registry import SPEC_TYPES, parse_types
@@ -77,6 +78,20 @@ def _add_spec_args(p: argparse.ArgumentParser, default_spec: str) -> None:
         default=d.p_min,
         help=f"a draft model stops before a token it gives less probability ({d.p_min})",
     )
+    s.add_argument(
+        "--rollback",
+        default="auto",
+        choices=STRATEGIES,
+        help="hybrid (recurrent) models: snapshots = keep the state after every verified "
+        "token, checkpoint = copy it before verifying and replay accepted tokens, auto = "
+        "the cheaper per step by measured costs (default auto)",
+    )
+    s.add_argument(
+        "--rollback-budget-mb",
+        type=float,
+        default=None,
+        help="most MiB of snapshot buffers --rollback auto may use (default: no cap)",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> EngineSettings:
@@ -91,6 +106,9 @@ def settings_from_args(args: argparse.Namespace) -> EngineSettings:
         draft_model=args.draft_model,
         weights=args.weights,
         deterministic=args.deterministic,
+        rollback=args.rollback,
+        snapshot_depth=args.draft_max + 1,  # n_rs_seq: every draft token plus the last one
+        snapshot_budget_mb=args.rollback_budget_mb,
     )
 
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from specserve.engine.engine import Engine
-from specserve.engine.runner import ModelRunner
+from specserve.engine.rollback import STRATEGIES
+from specserve.engine.runner import DEFAULT_SNAPSHOT_DEPTH, ModelRunner
 from specserve.errors import SpecserveError
 from specserve.loading.model import LoadedModel, load_model
 from specserve.models.layers.invariant import make_batch_invariant
@@ -30,12 +31,20 @@ class EngineSettings:
     draft_model: str | None = None
     weights: str = "dequant"  # dequant | int8 | int4 | auto (see models/layers/quant.py)
     deterministic: bool = False  # batch-invariant kernels (models/layers/invariant.py)
+    # recurrent (hybrid) models: how verification rolls state back (engine/rollback.py)
+    rollback: str = "auto"  # snapshots | checkpoint | auto
+    snapshot_depth: int = DEFAULT_SNAPSHOT_DEPTH  # n_rs_seq = draft max + 1
+    snapshot_budget_mb: float | None = None  # most memory `auto` spends on snapshots
 
     def __post_init__(self) -> None:
         if self.num_slots < 1:
             raise SpecserveError(f"parallel slots (-np) must be >= 1, got {self.num_slots}")
         if self.ctx_size < 0:
             raise SpecserveError(f"--ctx-size must be >= 0, got {self.ctx_size}")
+        if self.rollback not in STRATEGIES:
+            raise SpecserveError(
+                f"--rollback must be one of {', '.join(STRATEGIES)}, got {self.rollback!r}"
+            )
         self.spec_types = tuple(parse_types(self.spec_types))
         if self.draft_model and "draft" not in self.spec_types:
             self.spec_types = (*self.spec_types, "draft")
@@ -81,26 +90,37 @@ def build_engine(
     """
     target = target or load(s, s.model, progress)
     ctx = s.ctx_size or min(target.cfg.context_length, 4096)
-    runner = ModelRunner(target.model, num_slots=s.num_slots, max_len=ctx)
-    speculator = _speculator(s, target, ctx, progress, draft)
+    budget = None if s.snapshot_budget_mb is None else int(s.snapshot_budget_mb * 2**20)
+    runner = ModelRunner(
+        target.model,
+        num_slots=s.num_slots,
+        max_len=ctx,
+        rollback=s.rollback,
+        snapshot_depth=s.snapshot_depth,
+        snapshot_budget=budget,
+    )
+    speculator = _speculator(s, target, runner, progress, draft)
     return Engine(runner, speculator), target
 
 
 def _speculator(
     s: EngineSettings,
     target: LoadedModel,
-    ctx: int,
+    runner: ModelRunner,
     progress: bool,
     draft: LoadedModel | None = None,
 ) -> Speculator | None:
+    """runner: the target's (the mtp speculator drafts from its hidden states)."""
     if "draft" not in s.spec_types:
-        return build_speculator(s.spec_types)
+        return build_speculator(s.spec_types, target=runner)
     if draft is None:
         if not s.draft_model:
             raise SpecserveError("--spec-type draft needs --draft-model")
         draft = load(s, s.draft_model, progress)
     check_same_vocab(target, draft)
-    draft_runner = ModelRunner(draft.model, num_slots=s.num_slots, max_len=ctx)
+    # a hybrid draft model rolls back to checkpoints it sets itself: no snapshot buffers
+    mem = runner.memory
+    draft_runner = ModelRunner(draft.model, mem.num_slots, mem.max_len, rollback="checkpoint")
     # decoding is memory-bound: a draft forward costs about its share of weight bytes
     cost = weight_bytes(draft.model) / weight_bytes(target.model)
-    return build_speculator(s.spec_types, draft_runner, cost)
+    return build_speculator(s.spec_types, draft_runner, cost, target=runner)

@@ -18,7 +18,7 @@ keeps speculation on == off token for token (spec/verify.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -46,15 +46,19 @@ class MtpModel(Protocol):
 
 
 class SlotMemory(Protocol):
-    num_slots: int
-    max_len: int
+    @property
+    def num_slots(self) -> int: ...
+
+    @property
+    def max_len(self) -> int: ...
 
 
 class MtpTarget(HiddenSource, Protocol):
-    """The target's runner: its hidden states, its model and its memory's size."""
+    """The target's runner: its hidden states, its model (any: `mtp` is checked when the
+    speculator is built) and its memory's size."""
 
     @property
-    def model(self) -> MtpModel: ...
+    def model(self) -> Any: ...
 
     @property
     def memory(self) -> SlotMemory: ...
