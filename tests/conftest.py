@@ -33,3 +33,12 @@ def qwen05_f32(qwen05_path):  # noqa: ANN001, ANN201
     from specserve.loading.model import load_model
 
     return load_model(qwen05_path, "float32")
+
+
+@pytest.fixture(scope="session")
+def qwen15_f32():  # noqa: ANN201
+    """Qwen2.5-Coder-1.5B in float32 (pulled on first use: 1.1 GB), the 0.5B's target."""
+    from specserve.loading.model import load_model
+    from specserve.loading.sources import pull
+
+    return load_model(pull("qwen2.5-coder-1.5b", quiet=True), "float32")
