@@ -91,6 +91,11 @@ def _bench(args: argparse.Namespace) -> None:
 
         spec.main(args)
         return
+    if args.bench == "rollback":
+        from specserve.bench import rollback
+
+        rollback.main(args)
+        return
     from specserve.bench import decode
 
     decode.main(args)
@@ -147,6 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
     from specserve.bench import spec as bench_spec
 
     bench_spec.add_args(bsp)
+    brb = bsub.add_parser(
+        "rollback",
+        help="hybrid models: ms per verification with snapshots / checkpoint + replay / auto",
+    )
+    from specserve.bench import rollback as bench_rollback
+
+    bench_rollback.add_args(brb)
     b.set_defaults(func=_bench)
     return p
 
