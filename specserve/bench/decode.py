@@ -1,6 +1,7 @@
 """Benchmark: prefill and decode speed, and what a k-token forward costs relative to one token.
 
-    specserve bench decode --models qwen2.5-coder-0.5b qwen2.5-coder-1.5b --dtypes float32 bfloat16
+    specserve bench decode --models qwen2.5-coder-0.5b qwen2.5-coder-1.5b \
+        --variants float32 bfloat16 bfloat16+int8 bfloat16+int4
 
 Speculative decoding pays when verifying k drafted tokens costs about one decode step; the
 `k=N` columns show that ratio (time of one forward over N new tokens / time over 1).
@@ -24,7 +25,12 @@ KS = (1, 2, 4, 8, 16)
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", nargs="+", default=["qwen2.5-coder-0.5b"], help="names or paths")
-    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        default=["float32", "bfloat16", "bfloat16+int8", "bfloat16+int4"],
+        help="DTYPE or DTYPE+WEIGHTS (weights: int8, int4, auto; default dequant)",
+    )
     p.add_argument("--prompt-len", type=int, default=256, help="prompt tokens for prefill")
     p.add_argument("--decode-len", type=int, default=64, help="tokens to decode")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per k")
@@ -78,13 +84,16 @@ def main(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
     rows = []
     for name in args.models:
-        for dtype in args.dtypes:
-            loaded = load_model(name, dtype, with_tokenizer=False, progress=True)
+        for variant in args.variants:
+            dtype, _, weights = variant.partition("+")
+            loaded = load_model(
+                name, dtype, with_tokenizer=False, progress=True, weights=weights or "dequant"
+            )
             ctx = args.prompt_len + args.decode_len + max(KS) + 8
             runner = ModelRunner(loaded.model, num_slots=1, max_len=ctx)
             row = {
                 "model": name,
-                "dtype": dtype,
+                "dtype": variant,
                 **measure(runner, args.prompt_len, args.decode_len, args.repeats),
             }
             row["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
