@@ -99,9 +99,9 @@ class MtpSpeculator(Speculator):
     def _gather(self, slot: int) -> tuple[int, torch.Tensor]:
         """The target hidden states for positions from the slot's exact MTP rows on."""
         p, rows = self.target.take_hidden(slot)
-        if slot in self._hidden:
-            q, old = self._hidden[slot]
-            p, rows = q, torch.cat((old[: max(0, p - q)], rows))
+        if slot in self._hidden and self._hidden[slot][0] <= p:
+            q, old = self._hidden[slot]  # states held from before; the new ones win
+            p, rows = q, torch.cat((old[: p - q], rows))
         exact = self._exact.get(slot, 0)
         if p > exact:  # states of earlier positions never came: start the head over
             raise RuntimeError(f"slot {slot}: target hidden states start at {p}, need {exact}")
