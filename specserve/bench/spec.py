@@ -21,12 +21,16 @@ cache) start empty and one configuration cannot learn from an earlier one's outp
 tok/s counts decoding only (the tokens after the first, over the time after the prompt
 pass), so a draft model's own prompt pass, made at its first draft, counts against it.
 
-The default dtype is float32. On this project's development CPU (AVX2, no native bf16)
-bfloat16 decodes one token only ~10% faster (both are bound by reading the weights), but
-a forward over 16 tokens costs ~2.5-3x more in bfloat16 than in float32 (its matmuls are
-compute bound, through conversions): verifying a draft is what speculation buys, so
-float32 is faster wherever drafts are long. Pass --dtype bfloat16 on hardware with bf16
-instructions (and expect `same` to fail more often: bf16 rounding depends on batch shape).
+The default dtype is float32. On this project's development CPU (AVX2, no native bf16;
+`specserve bench decode`, 2 threads) bfloat16 decodes one token only 5-10% faster (both are
+bound by reading the weights), but a forward over 16 tokens costs 2-3x as much as in
+float32 and prefill runs at a third of the speed (bf16 matmuls are compute bound, through
+conversions). Verifying drafts is what speculation buys, so float32 is faster wherever
+drafts are long. Pass --dtype bfloat16 on hardware with bf16 instructions, and watch
+`same`: a k-row verification may round differently from a one-row decode.
+
+With --max-tokens below an answer's length, the rewrite workloads quote a truncated turn 1
+(it is the same generation as the quicksort workload's reference).
 """
 
 from __future__ import annotations
