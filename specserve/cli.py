@@ -14,6 +14,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
+from importlib import import_module
 
 from specserve.engine.flags import add_engine_args
 from specserve.errors import SpecserveError
@@ -87,25 +88,18 @@ def _generate(args: argparse.Namespace) -> None:
     print(line + "]", file=sys.stderr)
 
 
+# `specserve bench NAME` -> specserve.bench.NAME, whose add_args / main define and run it
+BENCHES = {
+    "decode": "prefill/decode tok/s and the cost of a k-token forward",
+    "serve": "server tok/s with 1, 2, 4 slots, speculation on/off; --load: errors, RSS",
+    "spec": "speculative decoding per speculator: speedup, acceptance, exactness",
+    "rollback": "hybrid models: ms per verification with snapshots / checkpoint + replay / auto",
+    "quality": "quantized weights: greedy agreement with float32",
+}
+
+
 def _bench(args: argparse.Namespace) -> None:
-    if args.bench == "serve":
-        from specserve.bench import serve
-
-        serve.main(args)
-        return
-    if args.bench == "spec":
-        from specserve.bench import spec
-
-        spec.main(args)
-        return
-    if args.bench == "rollback":
-        from specserve.bench import rollback
-
-        rollback.main(args)
-        return
-    from specserve.bench import decode
-
-    decode.main(args)
+    import_module(f"specserve.bench.{args.bench}").main(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,29 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmarks that print a table")
     bsub = b.add_subparsers(dest="bench", required=True)
-    bd = bsub.add_parser("decode", help="prefill/decode tok/s and the cost of a k-token forward")
-    from specserve.bench.decode import add_args
-
-    add_args(bd)
-    bs = bsub.add_parser(
-        "serve", help="server tok/s with 1, 2, 4 slots, speculation on/off; --load: errors, RSS"
-    )
-    from specserve.bench import serve as bench_serve
-
-    bench_serve.add_args(bs)
-    bsp = bsub.add_parser(
-        "spec", help="speculative decoding per speculator: speedup, acceptance, exactness"
-    )
-    from specserve.bench import spec as bench_spec
-
-    bench_spec.add_args(bsp)
-    brb = bsub.add_parser(
-        "rollback",
-        help="hybrid models: ms per verification with snapshots / checkpoint + replay / auto",
-    )
-    from specserve.bench import rollback as bench_rollback
-
-    bench_rollback.add_args(brb)
+    for name, text in BENCHES.items():
+        import_module(f"specserve.bench.{name}").add_args(bsub.add_parser(name, help=text))
     b.set_defaults(func=_bench)
     return p
 
