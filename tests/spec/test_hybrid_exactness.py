@@ -25,8 +25,9 @@ from specserve.engine.runner import ModelRunner
 from specserve.engine.sampling import SamplingParams
 from specserve.loading.model import load_model
 from specserve.models.qwen3_next import HybridTransformer
-from specserve.spec.base import SpecStats, Speculator
+from specserve.spec.base import Speculator
 from specserve.spec.registry import build_speculator
+from tests.spec.cases_seen import CasesSeen
 from tests.tiny import VOCAB
 from tests.tiny_hybrid import write_hybrid_folder
 
@@ -99,7 +100,7 @@ def _reference(arch: str) -> list[list[int]]:
     return [_run(_models(arch)[0], [p])[0][0] for p in _prompts()]
 
 
-SEEN = {"drafts": 0, "empty": 0, "rejected_whole": 0, "accepted_whole": 0}
+SEEN = CasesSeen()
 SPECS = [
     "ngram-simple",
     "ngram-map-k",
@@ -124,7 +125,7 @@ def test_speculation_equals_plain_greedy(arch: str, types: str, rollback: str) -
     out, spec = _run(target, _prompts(), types, draft, rollback)
     assert out == _reference(arch)
     assert spec is not None
-    _merge(spec.stats)
+    SEEN.add(spec.stats)
 
 
 @pytest.mark.parametrize(
@@ -138,16 +139,6 @@ def test_auto_and_snapshots_shallower_than_drafts_are_exact(rollback: str, depth
     assert out == _reference("qwen3_5")
 
 
-def _merge(s: SpecStats) -> None:
-    SEEN["drafts"] += s.drafts_generated
-    SEEN["empty"] += s.empty_drafts
-    SEEN["rejected_whole"] += s.accept_len_hist[0] if s.accept_len_hist else 0
-    SEEN["accepted_whole"] += s.drafts_full
-
-
 def test_empty_rejected_and_full_drafts_all_occurred() -> None:
     """Runs after the parametrized cases above (pytest keeps file order)."""
-    assert SEEN["drafts"] > 0
-    assert SEEN["empty"] > 0, "no step had an empty draft"
-    assert SEEN["rejected_whole"] > 0, "no draft was rejected whole"
-    assert SEEN["accepted_whole"] > 0, "no draft was accepted whole"
+    SEEN.assert_all_occurred()
