@@ -1,7 +1,7 @@
 """Benchmark: prefill and decode speed, and what a k-token forward costs relative to one token.
 
     specserve bench decode --models qwen2.5-coder-0.5b qwen2.5-coder-1.5b \
-        --variants float32 bfloat16 bfloat16+int8 bfloat16+int4
+        --variants float32 float32+unpacked bfloat16 bfloat16+int8 bfloat16+int4
 
 Speculative decoding pays when verifying k drafted tokens costs about one decode step; the
 `k=N` columns show that ratio (time of one forward over N new tokens / time over 1).
@@ -29,7 +29,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "--variants",
         nargs="+",
         default=["float32", "bfloat16", "bfloat16+int8", "bfloat16+int4"],
-        help="DTYPE or DTYPE+WEIGHTS (weights: int8, int4, auto; default dequant)",
+        help="DTYPE or DTYPE+WEIGHTS (weights: int8, int4, auto; default dequant; "
+        "`unpacked`: float weights on F.linear, not oneDNN's pre-packed ones)",
     )
     p.add_argument("--prompt-len", type=int, default=256, help="prompt tokens for prefill")
     p.add_argument("--decode-len", type=int, default=64, help="tokens to decode")
@@ -87,7 +88,12 @@ def main(args: argparse.Namespace) -> None:
         for variant in args.variants:
             dtype, _, weights = variant.partition("+")
             loaded = load_model(
-                name, dtype, with_tokenizer=False, progress=True, weights=weights or "dequant"
+                name,
+                dtype,
+                with_tokenizer=False,
+                progress=True,
+                weights="dequant" if weights in ("", "unpacked") else weights,
+                prepack=weights != "unpacked",
             )
             ctx = args.prompt_len + args.decode_len + max(KS) + 8
             runner = ModelRunner(loaded.model, num_slots=1, max_len=ctx)

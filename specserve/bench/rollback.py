@@ -1,6 +1,6 @@
 """Benchmark: what rolling recurrent state back costs per verification step.
 
-    specserve bench rollback [--draft-len 4] [--steps 12] [--dtype bfloat16]
+    specserve bench rollback [--draft-len 4] [--steps 12] [--dtype bfloat16] [--weights int8]
 
 A random model shaped like Qwen3.5-0.8B (24 layers, 18 Gated DeltaNet + 6 gated attention,
 hidden 1024, vocab 248320) verifies drafts on one slot. The drafts are the model's own
@@ -23,8 +23,9 @@ from pathlib import Path
 import torch
 
 from specserve.engine.runner import ModelRunner, SlotInput
-from specserve.loading.model import parse_dtype
+from specserve.loading.model import linear_modes, parse_dtype
 from specserve.models.config import HybridConfig
+from specserve.models.layers.quant import swap_linears
 from specserve.models.qwen3_next import HybridTransformer
 
 STRATEGIES = ("snapshots", "checkpoint", "auto")
@@ -145,6 +146,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--prompt-len", type=int, default=64, help="tokens before verifying (64)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument(
+        "--weights",
+        default="dequant",
+        choices=["dequant", "int8", "int4"],
+        help="dequant: weights in --dtype; int8 / int4: weight-only quantized linears, as "
+        "`--weights` loads them (verify rows are cheap with them on AVX2)",
+    )
     p.add_argument("--vocab", type=int, default=248320, help="vocabulary size (Qwen3.5's)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument(
@@ -164,7 +172,9 @@ def main(args: argparse.Namespace) -> None:
     k = args.draft_len
     n_steps = args.warmup + args.steps
     cfg = qwen35_08b_config(args.vocab)
-    model = random_model(cfg, parse_dtype(args.dtype)).to(args.device)
+    model = random_model(cfg, parse_dtype(args.dtype))
+    swap_linears(model, linear_modes(model, args.weights, {}))
+    model = model.to(args.device)
     ctx = args.prompt_len + (k + 1) * n_steps + 8
     prompt = torch.randint(0, args.vocab, (args.prompt_len,), generator=torch.Generator())
     plain = ModelRunner(model, 1, ctx, rollback="checkpoint")

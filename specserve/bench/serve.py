@@ -60,6 +60,12 @@ class Row:
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="qwen2.5-coder-0.5b", help="a name, .gguf or HF folder")
     p.add_argument("--dtype", default="float32", choices=["float64", "float32", "bfloat16"])
+    p.add_argument(
+        "--weights",
+        default="dequant",
+        choices=["dequant", "int8", "int4", "auto"],
+        help="the servers' --weights (dequant: float weights; int8 makes rows cheap on AVX2)",
+    )
     p.add_argument("--device", default=None, help="cpu or cuda (default: the server's choice)")
     p.add_argument("--ctx-size", type=int, default=0, help="context per slot (server default)")
     p.add_argument(
@@ -127,6 +133,7 @@ def server_spec(args: argparse.Namespace, slots: int, spec: str) -> ServerSpec:
     return ServerSpec(
         model=str(args.model),
         dtype=args.dtype,
+        weights=args.weights,
         slots=slots,
         spec_type=args.spec_type if spec == "on" else "none",
         device=args.device,

@@ -40,6 +40,7 @@ class ServerSpec:
 
     model: str = "qwen2.5-coder-0.5b"
     dtype: str = "float32"
+    weights: str = "dequant"  # --weights: dequant, int8, int4 or auto
     slots: int = 4
     spec_type: str = "ngram-map-k,suffix"  # "none" turns speculation off
     device: str | None = None  # None: the server's own choice (cuda when available)
@@ -49,6 +50,7 @@ class ServerSpec:
     def flags(self) -> list[str]:
         """The `specserve serve` flags for this server on a free 127.0.0.1 port."""
         flags = ["--model", self.model, "--alias", MODEL_ID, "--dtype", self.dtype]
+        flags += ["--weights", self.weights]
         flags += ["-np", str(self.slots), "--spec-type", self.spec_type]
         flags += ["--host", "127.0.0.1", "--port", "0", "--ctx-size", str(self.ctx_size)]
         return flags + (["--device", self.device] if self.device else [])

@@ -14,6 +14,7 @@ from specserve.engine.scheduler import Scheduler, StepPlan
 from specserve.errors import SpecserveError
 from specserve.spec.adaptive import DraftBudget
 from specserve.spec.base import Draft, DraftRequest, Speculator
+from specserve.spec.cost import ForwardCost
 from specserve.spec.verify import VerifyResult, verify_greedy, verify_slot
 
 
@@ -32,9 +33,13 @@ class Engine:
         runner: ModelRunner,
         speculator: Speculator | None = None,
         prefill_chunk: int = 512,
+        cost: ForwardCost | None = None,
     ) -> None:
         self.runner = runner
         self.speculator = speculator
+        # forward time by row count, so drafts are cut to what verifying them is worth here;
+        # unmeasured by default (deterministic draft lengths, for tests)
+        self.cost = cost if cost is not None else ForwardCost(measure=False)
         self.budget = DraftBudget()
         self.scheduler = Scheduler(runner.memory.num_slots, prefill_chunk)
 
@@ -59,8 +64,12 @@ class Engine:
         plan = self.scheduler.schedule()
         if not plan:
             return []
-        drafts = self._draft(plan.decode)
-        logits = self.runner.forward(self._work(plan, drafts))
+        base_rows = len(plan.decode) + sum(len(chunk) for _, chunk, _ in plan.prefill)
+        drafts = self._draft(plan.decode, base_rows)
+        work = self._work(plan, drafts)
+        t0 = time.perf_counter()
+        logits = self.runner.forward(work)
+        self.cost.record(sum(len(w.tokens) for w in work), time.perf_counter() - t0)
         n_pre = len(plan.prefill)
         out = [
             self._after_prefill(r, c, lg)
@@ -87,22 +96,19 @@ class Engine:
         req.timings.draft_n_accepted += result.accepted
         return self._emit(req, result.tokens)
 
-    def _draft(self, decoding: list[Request]) -> list[Draft]:
+    def _draft(self, decoding: list[Request], base_rows: int) -> list[Draft]:
         wanted = [r for r in decoding if r.spec.n_max > 0]
         if self.speculator is None or not wanted:
             return [Draft() for _ in decoding]
         max_len = self.runner.memory.max_len
         # verification feeds [last, d1..dk] from position len(context) - 1: k must fit
+        limits = [
+            min(self.budget.limit(r.slot, r.spec.n_max), max_len - len(r.context)) for r in wanted
+        ]
+        cost = self.cost.relative(base_rows, max(limits))
         asks = [
-            DraftRequest(
-                r.slot,
-                r.context,
-                min(self.budget.limit(r.slot, r.spec.n_max), max_len - len(r.context)),
-                r.spec.n_min,
-                r.spec.p_min,
-                r.spec.types,
-            )
-            for r in wanted
+            DraftRequest(r.slot, r.context, n, r.spec.n_min, r.spec.p_min, r.spec.types, cost)
+            for r, n in zip(wanted, limits, strict=True)
         ]
         made = iter(self.speculator.draft(asks))
         return [next(made) if r.spec.n_max > 0 else Draft() for r in decoding]

@@ -41,6 +41,13 @@ def add_engine_args(p: argparse.ArgumentParser, default_spec: str, slots: int) -
         help="dequant: float weights; int8 / int4: weight-only quantized CPU kernels (use "
         "with --dtype bfloat16); auto: each GGUF tensor on the nearest kernel (default dequant)",
     )
+    m.add_argument(
+        "--no-prepack",
+        dest="prepack",
+        action="store_false",
+        help="float32 on CPU: run linears on torch's F.linear instead of oneDNN's weights "
+        "packed once at load (packing makes a k-token forward far cheaper; on by default)",
+    )
     m.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     m.add_argument(
         "--ctx-size", "-c", type=int, default=0, help="context per slot (default min(model, 4096))"
@@ -106,6 +113,7 @@ def settings_from_args(args: argparse.Namespace) -> EngineSettings:
         draft_model=args.draft_model,
         weights=args.weights,
         deterministic=args.deterministic,
+        prepack=args.prepack,
         rollback=args.rollback,
         snapshot_depth=args.draft_max + 1,  # n_rs_seq: every draft token plus the last one
         snapshot_budget_mb=args.rollback_budget_mb,

@@ -17,6 +17,7 @@ from specserve.errors import SpecserveError
 from specserve.loading.model import LoadedModel, load_model
 from specserve.models.layers.invariant import make_batch_invariant
 from specserve.spec.base import Speculator
+from specserve.spec.cost import ForwardCost
 from specserve.spec.registry import build_speculator, parse_types
 
 
@@ -31,6 +32,7 @@ class EngineSettings:
     draft_model: str | None = None
     weights: str = "dequant"  # dequant | int8 | int4 | auto (see models/layers/quant.py)
     deterministic: bool = False  # batch-invariant kernels (models/layers/invariant.py)
+    prepack: bool = True  # float32 CPU linears on oneDNN's packed weights (layers/packed.py)
     # recurrent (hybrid) models: how verification rolls state back (engine/rollback.py)
     rollback: str = "auto"  # snapshots | checkpoint | auto
     snapshot_depth: int = DEFAULT_SNAPSHOT_DEPTH  # n_rs_seq = draft max + 1
@@ -71,7 +73,9 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 def load(s: EngineSettings, spec: str, progress: bool) -> LoadedModel:
     """Load a target or draft model the way the settings say."""
-    loaded = load_model(spec, s.dtype, device=s.device, progress=progress, weights=s.weights)
+    loaded = load_model(
+        spec, s.dtype, device=s.device, progress=progress, weights=s.weights, prepack=s.prepack
+    )
     if s.deterministic:
         make_batch_invariant(loaded.model)
     return loaded
@@ -100,7 +104,8 @@ def build_engine(
         snapshot_budget=budget,
     )
     speculator = _speculator(s, target, runner, progress, draft)
-    return Engine(runner, speculator), target
+    # drafts are cut to what verifying them costs on this machine, as measured while serving
+    return Engine(runner, speculator, cost=ForwardCost(measure=True)), target
 
 
 def _speculator(

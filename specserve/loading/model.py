@@ -17,6 +17,7 @@ from specserve.loading.sources import resolve_model
 from specserve.loading.tokenizer import Tokenizer, load_tokenizer
 from specserve.models import registry
 from specserve.models.config import ModelConfig
+from specserve.models.layers.packed import pack_linears
 from specserve.models.layers.quant import (
     WEIGHT_MODES,
     Int4Linear,
@@ -122,9 +123,11 @@ def load_model(
     with_tokenizer: bool = True,
     progress: bool = False,
     weights: str = "dequant",
+    prepack: bool = True,
 ) -> LoadedModel:
     """weights: dequant (float weights in `dtype`), int8, int4, or auto (each tensor on the
-    kernel nearest its GGUF precision; float tensors stay float)."""
+    kernel nearest its GGUF precision; float tensors stay float).
+    prepack: float32 linears on CPU run on oneDNN's pre-packed weights (layers/packed.py)."""
     path = resolve_model(spec)
     types: dict[str, str] = {}
     if path.is_dir():
@@ -146,5 +149,7 @@ def load_model(
         modes = linear_modes(model, weights, types)
         swap_linears(model, modes)
         _cast_floats(model, compute)
+    if prepack:
+        pack_linears(model)  # only float32 CPU linears; a no-op otherwise
     tokenizer = load_tokenizer(path) if with_tokenizer and has_tok else None
     return LoadedModel(model, tokenizer, path)

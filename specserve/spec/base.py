@@ -17,8 +17,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import torch
+
+from specserve.spec.cost import PRIOR_PER_ROW
+
+# a slot's own acceptance starts from the drafter's overall rates, weighted as this many drafts
+SLOT_PRIOR = 4
 
 
 @dataclass
@@ -37,6 +43,18 @@ class DraftRequest:
     p_min: float = 0.0
     # speculator types this request allows (None = any); others answer with an empty draft
     types: tuple[str, ...] | None = None
+    # cost[k]: verifying k draft tokens, in plain steps (spec/cost.py, from the engine);
+    # None: rows are free, drafts are never cut for cost (a drafter's own semantics)
+    cost: Sequence[float] | None = None
+
+    def verify_cost(self, k: int) -> float:
+        if self.cost is None:
+            return 1.0
+        return (
+            self.cost[k]
+            if k < len(self.cost)
+            else self.cost[-1] + PRIOR_PER_ROW * (k + 1 - len(self.cost))
+        )
 
 
 @dataclass
@@ -86,17 +104,13 @@ class SpecStats:
     def record_draft(self, n_tokens: int) -> None:
         self.drafts_generated += 1
         self.tokens_generated += n_tokens
-        _grow(self.proposed_per_pos, n_tokens)
-        for i in range(n_tokens):
-            self.proposed_per_pos[i] += 1
+        _count(self.proposed_per_pos, n_tokens)
 
     def record_accept(self, n_accepted: int, n_proposed: int) -> None:
         self.drafts_full += int(n_accepted == n_proposed)
         self.tokens_accepted += n_accepted
         self.drafts_accepted += int(n_accepted > 0)
-        _grow(self.accepted_per_pos, n_accepted)
-        for i in range(n_accepted):
-            self.accepted_per_pos[i] += 1
+        _count(self.accepted_per_pos, n_accepted)
         _grow(self.accept_len_hist, n_accepted + 1)
         self.accept_len_hist[n_accepted] += 1
 
@@ -125,6 +139,17 @@ def _grow(counts: list[int], n: int) -> None:
         counts.extend([0] * (n - len(counts)))
 
 
+def _count(counts: list[int], n: int) -> None:
+    """One more occurrence of positions 0..n-1."""
+    _grow(counts, n)
+    for i in range(n):
+        counts[i] += 1
+
+
+def _at(counts: list[int], i: int) -> int:
+    return counts[i] if i < len(counts) else 0
+
+
 class Speculator:
     """Base class: subclasses override `_draft` and, where they keep per-slot state, the hooks."""
 
@@ -132,11 +157,17 @@ class Speculator:
 
     def __init__(self) -> None:
         self.stats = SpecStats()
+        # per slot: [accepted_per_pos, proposed_per_pos] of the current sequence's drafts
+        self._slot_counts: dict[int, tuple[list[int], list[int]]] = {}
         # the draft length proposed last for each slot, so accept() can be checked and counted
         self._last_len: dict[int, int] = {}
 
+    # drafting cost per token, in target forwards (a draft model's forward vs the target's)
+    relative_cost: float = 0.0
+
     def begin(self, slot: int, prompt: Sequence[int]) -> None:
         self._last_len.pop(slot, None)
+        self._slot_counts.pop(slot, None)
         self._begin(slot, prompt)
 
     def serves(self, types: tuple[str, ...] | None) -> bool:
@@ -145,19 +176,60 @@ class Speculator:
 
     def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         t0 = time.perf_counter()
-        asked = [r for r in requests if self.serves(r.types)]
-        made = iter(self._draft(asked) if asked else [])
-        drafts = [next(made) if self.serves(r.types) else Draft() for r in requests]
+        asked = [r for r in requests if self.serves(r.types) and self.worth_asking(r)]
+        made = dict(zip((r.slot for r in asked), self._draft(asked) if asked else [], strict=True))
         self.stats.draft_seconds += time.perf_counter() - t0
         out = []
-        for req, d in zip(requests, drafts, strict=True):
-            d = _clip(d, req.n_max)
+        for req in requests:
+            d = self._worth(req, _clip(made.get(req.slot, Draft()), req.n_max))
             if len(d) < max(req.n_min, 1):
                 d = Draft()
             self._last_len[req.slot] = len(d)
             self.stats.empty_drafts += int(not d)
             out.append(d)
         return out
+
+    # what a draft is worth -----------------------------------------------------------------
+    def acceptance_rates(self, slot: int, n: int) -> list[float]:
+        """r_0..r_{n-1}: the chance that draft positions 0..i are all kept, for `slot`.
+
+        The slot's own verified drafts, with the drafter's overall rates counted as
+        SLOT_PRIOR more drafts; the overall rates start from a prior of 1 kept in 2 tried,
+        so an untried drafter gets tried. Per slot because one request's text (a code
+        edit) can be far more predictable than another's (prose)."""
+        acc, prop = self.stats.accepted_per_pos, self.stats.proposed_per_pos
+        s_acc, s_prop = self._slot_counts.get(slot, ([], []))
+        rates = []
+        for i in range(n):
+            overall = (_at(acc, i) + 1) / (_at(prop, i) + 2)
+            rates.append((_at(s_acc, i) + SLOT_PRIOR * overall) / (_at(s_prop, i) + SLOT_PRIOR))
+        return rates
+
+    def values(self, req: DraftRequest, n: int, draft_cost: float = 0.0) -> list[float]:
+        """value(k) for k = 0..n: the tokens a k-token draft is expected to yield per
+        step-equivalent of cost, (1 + sum_{i<k} r_i) / (cost(k) + draft_cost * k); 1 for none."""
+        gains = list(accumulate(self.acceptance_rates(req.slot, n), initial=1.0))
+        return [g / (req.verify_cost(k) + draft_cost * k) for k, g in enumerate(gains)]
+
+    def value(self, req: DraftRequest, k: int) -> float:
+        return self.values(req, k)[k]
+
+    def best_value(self, req: DraftRequest) -> float:
+        """The most a draft of up to n_max tokens, counting its drafting cost, is worth."""
+        return max(self.values(req, req.n_max, self.relative_cost))
+
+    def worth_asking(self, req: DraftRequest) -> bool:
+        """Costly drafters (a draft model) draft only where a draft can beat none."""
+        return self.relative_cost == 0 or self.best_value(req) > 1.0
+
+    def _worth(self, req: DraftRequest, d: Draft) -> Draft:
+        """The draft cut to the length worth the most to verify (drafting is paid by now);
+        on this CPU the first extra row costs nearly a whole step, so a short, doubtful
+        draft is often worth less than none."""
+        if not d or req.cost is None:
+            return d
+        values = self.values(req, len(d))
+        return _clip(d, max(range(len(values)), key=lambda k: (values[k], -k)))
 
     def accept(self, slot: int, n_accepted: int) -> None:
         """The target kept n_accepted tokens of the slot's last draft."""
@@ -167,6 +239,9 @@ class Speculator:
         if proposed:  # as llama.cpp: only a verified, non-empty draft teaches anything
             self.stats.record_draft(proposed)
             self.stats.record_accept(n_accepted, proposed)
+            s_acc, s_prop = self._slot_counts.setdefault(slot, ([], []))
+            _count(s_prop, proposed)
+            _count(s_acc, n_accepted)
             self._accept(slot, n_accepted, proposed)
 
     def discard(self, slot: int) -> None:
@@ -175,6 +250,7 @@ class Speculator:
 
     def reset(self, slot: int) -> None:
         self._last_len.pop(slot, None)
+        self._slot_counts.pop(slot, None)
         self._reset(slot)
 
     # hooks -------------------------------------------------------------------------------

@@ -15,11 +15,15 @@ def _tokens(n: int, seed: int) -> list[int]:
     return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(
+    ("dtype", "prepack"), [("float32", True), ("float32", False), ("bfloat16", True)]
+)
 @pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
-def test_decode_rows_equal_verify_rows_bitwise(arch: str, dtype: str, tmp_path) -> None:  # noqa: ANN001
+def test_decode_rows_equal_verify_rows_bitwise(
+    arch: str, dtype: str, prepack: bool, tmp_path
+) -> None:  # noqa: ANN001
     write_hf_folder(arch, tmp_path, seed=4)
-    model = load_model(tmp_path, dtype=dtype).model
+    model = load_model(tmp_path, dtype=dtype, prepack=prepack).model
     make_batch_invariant(model)
     prompt, cont = _tokens(21, 0), _tokens(9, 1)
 

@@ -1,0 +1,68 @@
+"""What verifying a draft costs, in plain decode steps, from this machine's own forwards.
+
+Speculation pays only when the tokens a draft is expected to add outweigh what its extra
+verification rows cost. That cost is a property of the hardware, not of the model code: on
+a GPU eight rows cost about what one does; on an AVX2 CPU in float32 the second row alone
+almost doubles a step (MKL leaves the matrix-vector kernel), and more rows are cheap after
+that. So the engine times every forward by its row count, and `ForwardCost` turns those
+timings into the relative cost of k draft rows:
+
+    cost(k) = 1 + (T(B + k) - T(B)) / (T(B) / B)
+
+B being the rows the step has without drafts (one per decoding slot): the extra time the
+k rows add, in units of one slot's share of a plain step. With one slot this is
+T(1 + k) / T(1). T(n) is the median of recent forwards over n rows; between measured row
+counts it is interpolated linearly; outside them it follows the prior 1 + PRIOR_PER_ROW
+per row from the nearest measured point. Example with T(1) = 100 ms, T(2) = 190 ms and
+T(9) = 260 ms measured: cost(1) = 1.9, cost(8) = 2.6, cost(4) = 1 + (190 + 3/7 * 70
+- 100) / 100 = 2.2.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+# per extra row, in forwards, until this machine has measured its own (a CPU in float32 is
+# 0.1-0.9 per row; a GPU ~0.01): high enough that speculation is not blind to verify cost
+PRIOR_PER_ROW = 0.2
+KEEP = 9  # timings kept per row count; their median resists one slow, interrupted step
+
+
+class ForwardCost:
+    """Seconds per forward by row count, measured as the engine runs (`record`), or only the
+    fixed prior when `measure` is False (deterministic: for tests)."""
+
+    def __init__(self, measure: bool = True, per_row: float = PRIOR_PER_ROW) -> None:
+        self.measure = measure
+        self.per_row = per_row
+        self._times: dict[int, deque[float]] = {}
+
+    def record(self, rows: int, seconds: float) -> None:
+        if self.measure and rows > 0:
+            self._times.setdefault(rows, deque(maxlen=KEEP)).append(seconds)
+
+    def seconds(self, rows: int) -> float:
+        """T(rows), in seconds once measured, else in units of a prior one-row forward."""
+        known = sorted((n, statistics.median(ts)) for n, ts in self._times.items())
+        if not known:
+            return self._prior(rows)
+        below = [(n, t) for n, t in known if n <= rows]
+        above = [(n, t) for n, t in known if n >= rows]
+        if below and above:
+            (n0, t0), (n1, t1) = below[-1], above[0]
+            return t0 if n1 == n0 else t0 + (t1 - t0) * (rows - n0) / (n1 - n0)
+        n, t = below[-1] if below else above[0]
+        return t * self._prior(rows) / self._prior(n)
+
+    def relative(self, base_rows: int, n_max: int) -> list[float]:
+        """cost(k) for k = 0..n_max extra rows on a step of `base_rows` (see the module doc)."""
+        base = max(1, base_rows)
+        t_base = self.seconds(base)
+        share = t_base / base
+        return [1.0] + [
+            1.0 + max(0.0, self.seconds(base + k) - t_base) / share for k in range(1, n_max + 1)
+        ]
+
+    def _prior(self, rows: int) -> float:
+        return 1.0 + self.per_row * (rows - 1)

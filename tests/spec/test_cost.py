@@ -1,0 +1,116 @@
+"""What a draft is worth: measured verify cost, per-slot acceptance, truncation, the chain."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from specserve.spec.base import Draft, DraftRequest, Speculator
+from specserve.spec.chain import ChainSpeculator
+from specserve.spec.cost import PRIOR_PER_ROW, ForwardCost
+
+
+class Fixed(Speculator):
+    """Drafts the same tokens for every slot; counts how often it was asked."""
+
+    def __init__(self, tokens: list[int], name: str = "fixed", cost: float = 0.0) -> None:
+        super().__init__()
+        self.tokens, self.name, self.relative_cost, self.asked = tokens, name, cost, 0
+
+    def _draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        self.asked += len(requests)
+        return [Draft(list(self.tokens)) for _ in requests]
+
+
+def teach(spec: Speculator, slot: int, n_accepted: int, times: int, n_max: int = 4) -> None:
+    """`times` verified drafts on `slot`, each keeping n_accepted tokens."""
+    for _ in range(times):
+        (d,) = spec.draft([DraftRequest(slot, [0], n_max, cost=[1.0] * (n_max + 1))])
+        spec.accept(slot, min(n_accepted, len(d)))
+
+
+def test_docstring_example_interpolates_measured_forwards() -> None:
+    cost = ForwardCost()
+    for rows, ms in ((1, 100), (2, 190), (9, 260)):
+        cost.record(rows, ms / 1e3)
+    rel = cost.relative(1, 8)
+    assert rel[0] == 1.0
+    assert rel[1] == pytest.approx(1.9)
+    assert rel[4] == pytest.approx(2.2)
+    assert rel[8] == pytest.approx(2.6)
+
+
+def test_beyond_measured_rows_follows_the_prior_and_median_resists_outliers() -> None:
+    cost = ForwardCost()
+    for s in (0.1, 0.1, 5.0):  # one interrupted step
+        cost.record(1, s)
+    assert cost.seconds(1) == pytest.approx(0.1)
+    assert cost.seconds(3) == pytest.approx(0.1 * (1 + 2 * PRIOR_PER_ROW))
+
+
+def test_cost_in_units_of_one_slots_share_with_several_slots() -> None:
+    cost = ForwardCost()
+    cost.record(4, 0.4)
+    cost.record(6, 0.5)
+    # two extra rows add 0.1 s; one slot's share of the 4-row step is 0.1 s
+    assert cost.relative(4, 2)[2] == pytest.approx(2.0)
+
+
+def test_unmeasured_cost_ignores_timings() -> None:
+    cost = ForwardCost(measure=False)
+    cost.record(1, 1.0)
+    cost.record(2, 100.0)
+    assert cost.relative(1, 2) == pytest.approx([1.0, 1 + PRIOR_PER_ROW, 1 + 2 * PRIOR_PER_ROW])
+
+
+def test_rates_are_per_slot_around_the_overall_rate() -> None:
+    spec = Fixed([1, 2, 3, 4])
+    teach(spec, slot=0, n_accepted=4, times=20)
+    teach(spec, slot=1, n_accepted=0, times=20)
+    good, bad = spec.acceptance_rates(0, 4), spec.acceptance_rates(1, 4)
+    assert min(good) > 0.85 and max(bad) < 0.15
+    # a new sequence on a slot starts from the drafter's overall rate again
+    spec.begin(1, [0])
+    overall = (20 + 1) / (40 + 2)
+    assert spec.acceptance_rates(1, 1) == pytest.approx([overall])
+
+
+def test_draft_cut_to_the_length_worth_verifying() -> None:
+    spec = Fixed([1, 2, 3, 4])
+    teach(spec, slot=0, n_accepted=1, times=30)  # position 0 kept, position 1 never
+    # the first row costs 0.9 steps, later rows 0.1: only the kept token is worth it
+    steep = [1.0, 1.9, 2.0, 2.1, 2.2]
+    (d,) = spec.draft([DraftRequest(0, [0], 4, cost=steep)])
+    assert d.tokens == [1]
+    spec.accept(0, 1)
+    # a slot whose drafts all miss gets no draft at all when a row costs nearly a step
+    teach(spec, slot=1, n_accepted=0, times=30)
+    (d,) = spec.draft([DraftRequest(1, [0], 4, cost=steep)])
+    assert d.tokens == []
+    spec.accept(1, 0)
+    # free rows: every draft is worth verifying whole
+    (d,) = spec.draft([DraftRequest(1, [0], 4, cost=[1.0] * 5)])
+    assert d.tokens == [1, 2, 3, 4]
+
+
+def test_costly_drafter_not_asked_where_no_draft_can_pay() -> None:
+    spec = Fixed([1, 2], cost=0.5)
+    teach(spec, slot=0, n_accepted=0, times=30)
+    asked = spec.asked
+    (d,) = spec.draft([DraftRequest(0, [0], 2, cost=[1.0, 1.2, 1.4])])
+    assert d.tokens == [] and spec.asked == asked
+    spec.accept(0, 0)
+
+
+def test_chain_verifies_the_draft_worth_most_and_credits_its_drafter() -> None:
+    short, long_ = Fixed([7], "short"), Fixed([1, 2, 3, 4], "long")
+    teach(long_, slot=0, n_accepted=4, times=10)
+    teach(short, slot=0, n_accepted=0, times=10)
+    chain = ChainSpeculator([short, long_])
+    (d,) = chain.draft([DraftRequest(0, [0], 4, cost=[1.0, 1.2, 1.4, 1.6, 1.8])])
+    assert d.tokens == [1, 2, 3, 4]
+    before = long_.stats.tokens_accepted
+    chain.accept(0, 4)
+    assert long_.stats.tokens_accepted == before + 4
+    assert short.stats.tokens_generated == 10  # its losing draft was discarded, not counted
