@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import httpx2
 
@@ -67,7 +67,34 @@ def read_rss_mib(pid: int) -> float:
     raise SpecserveError(f"no VmRSS for process {pid}")
 
 
-class ServerProcess:
+class _Started:
+    """A context manager over start() / stop(): stopped on the way out, and when the start
+    itself fails half-way (a subprocess or thread may already run)."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> object:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class ServerProcess(_Started):
     """One benchmark server in a subprocess; a context manager that always stops it."""
 
     def __init__(self, spec: ServerSpec, log_path: Path, startup_timeout: float = 900.0):
@@ -137,24 +164,8 @@ class ServerProcess:
             time.sleep(0.1)
         raise SpecserveError(f"{self.url}/health did not answer ok:\n{self.log_tail()}")
 
-    def __enter__(self) -> ServerProcess:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-
-class InProcessServer:
+class InProcessServer(_Started):
     """The same server in a thread of this process: starts in a moment (no second torch
     import), for tests and quick checks. Its clients share the GIL with the engine thread
     and its RSS is this whole process's, so measured runs use `ServerProcess`.
@@ -217,22 +228,6 @@ class InProcessServer:
 
             torch.set_num_threads(self._torch_threads)
             self._torch_threads = 0
-
-    def __enter__(self) -> InProcessServer:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def launch(spec: ServerSpec, log_path: Path, in_process: bool) -> ServerProcess | InProcessServer:

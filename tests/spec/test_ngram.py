@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import doctest
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -25,40 +25,9 @@ from specserve.spec.ngram_mod import (
     build_ngram_mod_table,
     ngram_mod_draft,
 )
+from tests.spec.drive import draft, generate, random_tokens
 
 SMALL_TABLE = 1 << 16
-
-
-def draft(
-    spec: Speculator, slot: int, tokens: Sequence[int], n_max: int = 64, n_min: int = 0
-) -> list[int]:
-    """One engine step for one slot: the tokens it proposes."""
-    return spec.draft([DraftRequest(slot, list(tokens), n_max, n_min)])[0].tokens
-
-
-def generate(spec: Speculator, truth: list[int], start: int, slot: int = 0) -> tuple[int, int]:
-    """Run the engine loop over `truth` from `start` tokens on; return (steps, tokens accepted).
-
-    Each step drafts, keeps the prefix that agrees with `truth` and emits one more token,
-    exactly as greedy verification against a target that produces `truth` would.
-    """
-    spec.begin(slot, truth[:start])
-    length, steps, accepted = start, 0, 0
-    while length < len(truth):
-        d = draft(spec, slot, truth[:length])
-        n_acc = 0  # the emitted token after the accepted ones must still be inside `truth`
-        while (
-            n_acc < len(d) and length + n_acc + 1 < len(truth) and d[n_acc] == truth[length + n_acc]
-        ):
-            n_acc += 1
-        spec.accept(slot, n_acc)
-        length, steps, accepted = length + n_acc + 1, steps + 1, accepted + n_acc
-    return steps, accepted
-
-
-def random_tokens(seed: int, length: int, vocab: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(vocab) for _ in range(length)]
 
 
 def periodic(block: int, length: int, seed: int = 0) -> list[int]:

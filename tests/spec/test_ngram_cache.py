@@ -5,6 +5,7 @@ from __future__ import annotations
 import doctest
 import random
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 import pytest
@@ -19,41 +20,10 @@ from specserve.spec.ngram_cache import (
     ngram_cache_merge,
     ngram_cache_update,
 )
+from tests.spec import drive
+from tests.spec.drive import distinct_tokens, draft, random_tokens
 
-
-def draft(
-    spec: NgramCacheSpeculator, slot: int, tokens: Sequence[int], n_max: int = 64
-) -> list[int]:
-    """One engine step for one slot: the tokens it proposes."""
-    return spec.draft([DraftRequest(slot, list(tokens), n_max)])[0].tokens
-
-
-def generate(
-    spec: NgramCacheSpeculator, truth: list[int], start: int, slot: int = 0
-) -> tuple[int, int]:
-    """Greedy engine loop over `truth` from `start` tokens on; returns (steps, tokens accepted)."""
-    spec.begin(slot, truth[:start])
-    length, steps, accepted = start, 0, 0
-    while length < len(truth):
-        d = draft(spec, slot, truth[:length], n_max=16)
-        n_acc = 0  # the token emitted after the accepted ones must still be inside `truth`
-        while (
-            n_acc < len(d) and length + n_acc + 1 < len(truth) and d[n_acc] == truth[length + n_acc]
-        ):
-            n_acc += 1
-        spec.accept(slot, n_acc)
-        length, steps, accepted = length + n_acc + 1, steps + 1, accepted + n_acc
-    return steps, accepted
-
-
-def random_tokens(seed: int, length: int, vocab: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(vocab) for _ in range(length)]
-
-
-def distinct_tokens(seed: int, length: int) -> list[int]:
-    """Text without a repeated token, sharing none with other seeds: nothing to draft from."""
-    return random.Random(seed).sample(range(seed * 10**6, (seed + 1) * 10**6), length)
+generate = partial(drive.generate, n_max=16)  # these drafters' tests use 16
 
 
 def counts(*seqs: Sequence[int], ngram_min: int = 1, ngram_max: int = 4) -> NgramCounts:

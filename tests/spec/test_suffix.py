@@ -5,7 +5,7 @@ from __future__ import annotations
 import doctest
 import itertools
 import random
-from collections.abc import Sequence
+from functools import partial
 
 import pytest
 
@@ -13,39 +13,10 @@ from specserve.spec import suffix, suffix_trie
 from specserve.spec.base import DraftRequest
 from specserve.spec.suffix import SuffixSpeculator, suffix_draft
 from specserve.spec.suffix_trie import SuffixTrie
+from tests.spec import drive
+from tests.spec.drive import distinct_tokens, draft, random_tokens
 
-
-def draft(spec: SuffixSpeculator, slot: int, tokens: Sequence[int], n_max: int = 64) -> list[int]:
-    """One engine step for one slot: the tokens it proposes."""
-    return spec.draft([DraftRequest(slot, list(tokens), n_max)])[0].tokens
-
-
-def generate(
-    spec: SuffixSpeculator, truth: list[int], start: int, slot: int = 0
-) -> tuple[int, int]:
-    """Greedy engine loop over `truth` from `start` tokens on; returns (steps, tokens accepted)."""
-    spec.begin(slot, truth[:start])
-    length, steps, accepted = start, 0, 0
-    while length < len(truth):
-        d = draft(spec, slot, truth[:length], n_max=16)
-        n_acc = 0  # the token emitted after the accepted ones must still be inside `truth`
-        while (
-            n_acc < len(d) and length + n_acc + 1 < len(truth) and d[n_acc] == truth[length + n_acc]
-        ):
-            n_acc += 1
-        spec.accept(slot, n_acc)
-        length, steps, accepted = length + n_acc + 1, steps + 1, accepted + n_acc
-    return steps, accepted
-
-
-def random_tokens(seed: int, length: int, vocab: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(vocab) for _ in range(length)]
-
-
-def distinct_tokens(seed: int, length: int) -> list[int]:
-    """Text without a repeated token, sharing none with other seeds: nothing to draft from."""
-    return random.Random(seed).sample(range(seed * 10**6, (seed + 1) * 10**6), length)
+generate = partial(drive.generate, n_max=16)  # these drafters' tests use 16
 
 
 @pytest.mark.parametrize("module", [suffix, suffix_trie], ids=lambda m: m.__name__.split(".")[-1])
