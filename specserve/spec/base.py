@@ -25,6 +25,10 @@ from specserve.spec.cost import PRIOR_PER_ROW
 
 # a slot's own acceptance starts from the drafter's overall rates, weighted as this many drafts
 SLOT_PRIOR = 4
+# a draft is verified only if it promises this much more than no draft: the rates and
+# costs are estimates, and a verify step costs a little outside the forward too (the
+# k + 1 rows' sampling, the commit); at break-even a draft would only add noise
+MIN_GAIN = 1.05
 
 
 @dataclass
@@ -82,6 +86,8 @@ class SpecStats:
     tokens_accepted: draft tokens kept [n_acc_tokens]
     accepted_per_pos[i]: how often draft position i was kept
     proposed_per_pos[i]: how often a draft had a token at position i
+    reached_per_pos[i]: how often the target reached draft position i (it was proposed and
+        every position before it kept), so accepted / reached is position i's own rate
     accept_len_hist[n]: how many drafts had exactly n tokens kept
     drafts_full: drafts kept whole; empty_drafts: draft() answers with no tokens for a slot
     draft_seconds: wall time spent inside draft()
@@ -96,6 +102,7 @@ class SpecStats:
     tokens_accepted: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
     proposed_per_pos: list[int] = field(default_factory=list)
+    reached_per_pos: list[int] = field(default_factory=list)
     accept_len_hist: list[int] = field(default_factory=list)
     drafts_full: int = 0
     empty_drafts: int = 0
@@ -111,6 +118,7 @@ class SpecStats:
         self.tokens_accepted += n_accepted
         self.drafts_accepted += int(n_accepted > 0)
         _count(self.accepted_per_pos, n_accepted)
+        _count(self.reached_per_pos, min(n_accepted + 1, n_proposed))
         _grow(self.accept_len_hist, n_accepted + 1)
         self.accept_len_hist[n_accepted] += 1
 
@@ -127,6 +135,7 @@ class SpecStats:
             "acceptance_rate": self.acceptance_rate,
             "accepted_per_pos": list(self.accepted_per_pos),
             "proposed_per_pos": list(self.proposed_per_pos),
+            "reached_per_pos": list(self.reached_per_pos),
             "accept_len_hist": list(self.accept_len_hist),
             "drafts_full": self.drafts_full,
             "empty_drafts": self.empty_drafts,
@@ -157,7 +166,7 @@ class Speculator:
 
     def __init__(self) -> None:
         self.stats = SpecStats()
-        # per slot: [accepted_per_pos, proposed_per_pos] of the current sequence's drafts
+        # per slot: (accepted_per_pos, reached_per_pos) of the current sequence's drafts
         self._slot_counts: dict[int, tuple[list[int], list[int]]] = {}
         # the draft length proposed last for each slot, so accept() can be checked and counted
         self._last_len: dict[int, int] = {}
@@ -193,16 +202,22 @@ class Speculator:
     def acceptance_rates(self, slot: int, n: int) -> list[float]:
         """r_0..r_{n-1}: the chance that draft positions 0..i are all kept, for `slot`.
 
-        The slot's own verified drafts, with the drafter's overall rates counted as
-        SLOT_PRIOR more drafts; the overall rates start from a prior of 1 kept in 2 tried,
-        so an untried drafter gets tried. Per slot because one request's text (a code
-        edit) can be far more predictable than another's (prose)."""
-        acc, prop = self.stats.accepted_per_pos, self.stats.proposed_per_pos
-        s_acc, s_prop = self._slot_counts.get(slot, ([], []))
-        rates = []
+        r_i = q_0 * ... * q_i, q_i being the chance that position i is kept once the
+        target reached it (all before it kept). The drafter's overall q_i start from a
+        prior of 1 kept in 2 at position 0, and at a deeper position from q_{i-1} (worth 2
+        drafts), so what was learnt near the front carries to positions not yet tried;
+        the slot's own q_i count the overall ones as SLOT_PRIOR more drafts. Per slot
+        because one request's text (a code edit) can be far more predictable than
+        another's (prose)."""
+        acc, reached = self.stats.accepted_per_pos, self.stats.reached_per_pos
+        s_acc, s_reached = self._slot_counts.get(slot, ([], []))
+        rates, q_prev, r = [], 0.5, 1.0
         for i in range(n):
-            overall = (_at(acc, i) + 1) / (_at(prop, i) + 2)
-            rates.append((_at(s_acc, i) + SLOT_PRIOR * overall) / (_at(s_prop, i) + SLOT_PRIOR))
+            q_all = (_at(acc, i) + 2 * q_prev) / (_at(reached, i) + 2)
+            q = (_at(s_acc, i) + SLOT_PRIOR * q_all) / (_at(s_reached, i) + SLOT_PRIOR)
+            r *= q
+            rates.append(r)
+            q_prev = q_all
         return rates
 
     def values(self, req: DraftRequest, n: int, draft_cost: float = 0.0) -> list[float]:
@@ -220,7 +235,7 @@ class Speculator:
 
     def worth_asking(self, req: DraftRequest) -> bool:
         """Costly drafters (a draft model) draft only where a draft can beat none."""
-        return self.relative_cost == 0 or self.best_value(req) > 1.0
+        return self.relative_cost == 0 or self.best_value(req) >= MIN_GAIN
 
     def _worth(self, req: DraftRequest, d: Draft) -> Draft:
         """The draft cut to the length worth the most to verify (drafting is paid by now);
@@ -229,7 +244,8 @@ class Speculator:
         if not d or req.cost is None:
             return d
         values = self.values(req, len(d))
-        return _clip(d, max(range(len(values)), key=lambda k: (values[k], -k)))
+        best = max(range(1, len(values)), key=lambda k: (values[k], -k))
+        return _clip(d, best) if values[best] >= MIN_GAIN else Draft()
 
     def accept(self, slot: int, n_accepted: int) -> None:
         """The target kept n_accepted tokens of the slot's last draft."""
@@ -239,9 +255,9 @@ class Speculator:
         if proposed:  # as llama.cpp: only a verified, non-empty draft teaches anything
             self.stats.record_draft(proposed)
             self.stats.record_accept(n_accepted, proposed)
-            s_acc, s_prop = self._slot_counts.setdefault(slot, ([], []))
-            _count(s_prop, proposed)
+            s_acc, s_reached = self._slot_counts.setdefault(slot, ([], []))
             _count(s_acc, n_accepted)
+            _count(s_reached, min(n_accepted + 1, proposed))
             self._accept(slot, n_accepted, proposed)
 
     def discard(self, slot: int) -> None:

@@ -26,7 +26,7 @@ class Fixed(Speculator):
 def teach(spec: Speculator, slot: int, n_accepted: int, times: int, n_max: int = 4) -> None:
     """`times` verified drafts on `slot`, each keeping n_accepted tokens."""
     for _ in range(times):
-        (d,) = spec.draft([DraftRequest(slot, [0], n_max, cost=[1.0] * (n_max + 1))])
+        (d,) = spec.draft([DraftRequest(slot, [0], n_max)])  # cost None: never cut
         spec.accept(slot, min(n_accepted, len(d)))
 
 
@@ -114,3 +114,15 @@ def test_chain_verifies_the_draft_worth_most_and_credits_its_drafter() -> None:
     chain.accept(0, 4)
     assert long_.stats.tokens_accepted == before + 4
     assert short.stats.tokens_generated == 10  # its losing draft was discarded, not counted
+
+
+def test_rates_are_products_of_per_position_rates_learnt_where_reached() -> None:
+    spec = Fixed([1, 2, 3, 4])
+    teach(spec, slot=0, n_accepted=2, times=30, n_max=4)  # positions 0, 1 kept; 2 never
+    r = spec.acceptance_rates(0, 4)
+    assert r[0] > 0.9 and r[1] > 0.85 and r[2] < 0.1 and r[3] <= r[2]
+    # a drafter only ever asked for 2 tokens: positions 2, 3 never reached carry its rate
+    short = Fixed([1, 2])
+    teach(short, slot=0, n_accepted=2, times=30, n_max=2)
+    deep = short.acceptance_rates(0, 4)
+    assert deep[3] > 0.8 and deep == sorted(deep, reverse=True)
