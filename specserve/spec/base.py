@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
 
 import torch
@@ -185,7 +185,7 @@ class Speculator:
 
     def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         t0 = time.perf_counter()
-        asked = [r for r in requests if self.serves(r.types) and self.worth_asking(r)]
+        asked = [r for r in map(self._ask, requests) if r is not None]
         made = dict(zip((r.slot for r in asked), self._draft(asked) if asked else [], strict=True))
         self.stats.draft_seconds += time.perf_counter() - t0
         out = []
@@ -193,10 +193,31 @@ class Speculator:
             d = self._worth(req, _clip(made.get(req.slot, Draft()), req.n_max))
             if len(d) < max(req.n_min, 1):
                 d = Draft()
+            if not d and req.slot in made and self.relative_cost > 0:
+                self._missed_at_first(req.slot)
             self._last_len[req.slot] = len(d)
             self.stats.empty_drafts += int(not d)
             out.append(d)
         return out
+
+    def _ask(self, req: DraftRequest) -> DraftRequest | None:
+        """The request as this drafter gets it, or None if it is not asked. A costly
+        drafter pays per token drafted, so it is asked for the length worth the most with
+        its drafting counted, and not at all where no length is worth MIN_GAIN."""
+        if not self.serves(req.types):
+            return None
+        if self.relative_cost == 0 or req.cost is None:
+            return req
+        values = self.values(req, req.n_max, self.relative_cost)
+        best = max(range(1, len(values)), key=lambda k: (values[k], -k), default=0)
+        return replace(req, n_max=best) if best and values[best] >= MIN_GAIN else None
+
+    def _missed_at_first(self, slot: int) -> None:
+        """A costly drafter was asked and gave nothing (e.g. its confidence fell below
+        p_min at once): its forwards were spent for no token, which for what asking it is
+        worth is a draft whose first token the target rejected."""
+        _count(self.stats.reached_per_pos, 1)
+        _count(self._slot_counts.setdefault(slot, ([], []))[1], 1)
 
     # what a draft is worth -----------------------------------------------------------------
     def acceptance_rates(self, slot: int, n: int) -> list[float]:
@@ -232,10 +253,6 @@ class Speculator:
     def best_value(self, req: DraftRequest) -> float:
         """The most a draft of up to n_max tokens, counting its drafting cost, is worth."""
         return max(self.values(req, req.n_max, self.relative_cost))
-
-    def worth_asking(self, req: DraftRequest) -> bool:
-        """Costly drafters (a draft model) draft only where a draft can beat none."""
-        return self.relative_cost == 0 or self.best_value(req) >= MIN_GAIN
 
     def _worth(self, req: DraftRequest, d: Draft) -> Draft:
         """The draft cut to the length worth the most to verify (drafting is paid by now);

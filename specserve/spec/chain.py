@@ -35,8 +35,8 @@ class ChainSpeculator(Speculator):
     def relative_cost(self) -> float:  # type: ignore[override]
         return max(s.relative_cost for s in self.children)
 
-    def worth_asking(self, req: DraftRequest) -> bool:
-        return True  # each child decides for itself
+    def _ask(self, req: DraftRequest) -> DraftRequest | None:
+        return req if self.serves(req.types) else None  # each child decides for itself
 
     def acceptance_rates(self, slot: int, n: int) -> list[float]:
         """The rates of the child whose draft the slot got (its draft is that child's)."""

@@ -126,3 +126,37 @@ def test_rates_are_products_of_per_position_rates_learnt_where_reached() -> None
     teach(short, slot=0, n_accepted=2, times=30, n_max=2)
     deep = short.acceptance_rates(0, 4)
     assert deep[3] > 0.8 and deep == sorted(deep, reverse=True)
+
+
+class Seen(Fixed):
+    """A costly drafter that records the n_max it was asked for, and may give nothing."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        super().__init__(tokens, "seen", cost=0.3)
+        self.n_max_seen: list[int] = []
+
+    def _draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        self.n_max_seen += [r.n_max for r in requests]
+        return super()._draft(requests)
+
+
+def test_costly_drafter_is_asked_for_the_length_worth_drafting() -> None:
+    spec = Seen([1, 2, 3, 4, 5, 6, 7, 8])
+    teach(spec, slot=0, n_accepted=2, times=30, n_max=8)  # never past position 1
+    spec.n_max_seen.clear()
+    flat = [1.0 + 0.1 * k for k in range(9)]
+    (d,) = spec.draft([DraftRequest(0, [0], 8, cost=flat)])
+    assert spec.n_max_seen == [2] and d.tokens == [1, 2]  # no tokens drafted to be cut
+    spec.accept(0, 2)
+
+
+def test_costly_drafter_giving_nothing_counts_as_a_miss() -> None:
+    spec = Seen([])
+    before = spec.acceptance_rates(0, 1)[0]
+    for _ in range(10):
+        (d,) = spec.draft([DraftRequest(0, [0], 4, cost=[1.0] * 5)])
+        assert d.tokens == []
+        spec.accept(0, 0)
+    # each empty answer lowers the rate, until asking is not worth its drafting cost
+    assert spec.acceptance_rates(0, 1)[0] < before
+    assert 0 < spec.asked < 10
