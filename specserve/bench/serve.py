@@ -24,6 +24,7 @@ from pathlib import Path
 from specserve.bench.report import Column, format_table, out_paths, write_json
 from specserve.bench.server_process import ServerSpec, launch
 from specserve.bench.workload import RunResult, Workload, run_workload, warm_up
+from specserve.models.layers.quant import WEIGHT_MODES
 from specserve.server.cli_args import DEFAULT_SPEC
 
 TARGET_SPEEDUP = 2.5  # aggregate tok/s at 4 slots over 1 slot
@@ -63,7 +64,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--weights",
         default="dequant",
-        choices=["dequant", "int8", "int4", "auto"],
+        choices=WEIGHT_MODES,
         help="the servers' --weights (dequant: float weights; int8 makes rows cheap on AVX2)",
     )
     p.add_argument("--device", default=None, help="cpu or cuda (default: the server's choice)")

@@ -131,6 +131,10 @@ class Run:
     seconds: float
     stats: dict[str, Any] | None
 
+    @property
+    def drafts(self) -> int:
+        return int((self.stats or {}).get("drafts_generated", 0))
+
 
 class Session:
     """Models loaded once per benchmark run, and each model's reference (no-spec) runs."""
@@ -244,7 +248,7 @@ def make_row(
     the first run; `same` only if every run's tokens equal the reference's."""
     run = runs[0]
     s = run.stats or {}
-    drafts = int(s.get("drafts_generated", 0))
+    drafts = run.drafts
     diffs = [first_difference(r.tokens, ref.tokens) for r in runs]
     diff = next((d for d in diffs if d is not None), None)
     tok_s = statistics.median(r.tok_s for r in runs)
@@ -291,9 +295,9 @@ def main(args: argparse.Namespace) -> None:
             runs: dict[str, list[Run]] = {c: [] for c in configs}
             # rounds of every configuration in turn, so slow spells on a shared machine
             # hit all of them alike; the medians are compared
+            prompt = session.prompt(model, workload)
             for r in range(args.repeats):
                 for config in configs:
-                    prompt = session.prompt(model, workload)
                     fresh = config != NONE or r > 0
                     runs[config].append(session.generate(model, config, prompt) if fresh else ref)
                     print(progress_line(model, workload, config, runs[config][-1]), flush=True)
@@ -308,10 +312,9 @@ def main(args: argparse.Namespace) -> None:
 
 
 def progress_line(model: str, workload: str, config: str, run: Run) -> str:
-    drafts = int((run.stats or {}).get("drafts_generated", 0))
     return (
         f"[{model} {workload} {config}] {len(run.tokens)} tokens, {run.tok_s:.2f} tok/s, "
-        f"{drafts} drafts"
+        f"{run.drafts} drafts"
     )
 
 

@@ -21,8 +21,6 @@ from itertools import accumulate
 
 import torch
 
-from specserve.spec.cost import PRIOR_PER_ROW
-
 # a slot's own acceptance starts from the drafter's overall rates, weighted as this many drafts
 SLOT_PRIOR = 4
 # a draft is verified only if it promises this much more than no draft: the rates and
@@ -52,13 +50,8 @@ class DraftRequest:
     cost: Sequence[float] | None = None
 
     def verify_cost(self, k: int) -> float:
-        if self.cost is None:
-            return 1.0
-        return (
-            self.cost[k]
-            if k < len(self.cost)
-            else self.cost[-1] + PRIOR_PER_ROW * (k + 1 - len(self.cost))
-        )
+        """cost[k]; the engine sends one entry per length up to the largest n_max asked."""
+        return 1.0 if self.cost is None else self.cost[k]
 
 
 @dataclass
@@ -117,8 +110,7 @@ class SpecStats:
         self.drafts_full += int(n_accepted == n_proposed)
         self.tokens_accepted += n_accepted
         self.drafts_accepted += int(n_accepted > 0)
-        _count(self.accepted_per_pos, n_accepted)
-        _count(self.reached_per_pos, min(n_accepted + 1, n_proposed))
+        _count_kept(self.accepted_per_pos, self.reached_per_pos, n_accepted, n_proposed)
         _grow(self.accept_len_hist, n_accepted + 1)
         self.accept_len_hist[n_accepted] += 1
 
@@ -153,6 +145,13 @@ def _count(counts: list[int], n: int) -> None:
     _grow(counts, n)
     for i in range(n):
         counts[i] += 1
+
+
+def _count_kept(accepted: list[int], reached: list[int], n_accepted: int, n_proposed: int) -> None:
+    """Count one verified draft into per-position accepted / reached tallies: positions
+    0..n_accepted-1 were kept, and the target reached one past them unless all were kept."""
+    _count(accepted, n_accepted)
+    _count(reached, min(n_accepted + 1, n_proposed))
 
 
 def _at(counts: list[int], i: int) -> int:
@@ -212,12 +211,15 @@ class Speculator:
         best = max(range(1, len(values)), key=lambda k: (values[k], -k), default=0)
         return replace(req, n_max=best) if best and values[best] >= MIN_GAIN else None
 
+    def _slot_tallies(self, slot: int) -> tuple[list[int], list[int]]:
+        return self._slot_counts.setdefault(slot, ([], []))
+
     def _missed_at_first(self, slot: int) -> None:
         """A costly drafter was asked and gave nothing (e.g. its confidence fell below
         p_min at once): its forwards were spent for no token, which for what asking it is
         worth is a draft whose first token the target rejected."""
-        _count(self.stats.reached_per_pos, 1)
-        _count(self._slot_counts.setdefault(slot, ([], []))[1], 1)
+        _count_kept(self.stats.accepted_per_pos, self.stats.reached_per_pos, 0, 1)
+        _count_kept(*self._slot_tallies(slot), 0, 1)
 
     # what a draft is worth -----------------------------------------------------------------
     def acceptance_rates(self, slot: int, n: int) -> list[float]:
@@ -272,9 +274,7 @@ class Speculator:
         if proposed:  # as llama.cpp: only a verified, non-empty draft teaches anything
             self.stats.record_draft(proposed)
             self.stats.record_accept(n_accepted, proposed)
-            s_acc, s_reached = self._slot_counts.setdefault(slot, ([], []))
-            _count(s_acc, n_accepted)
-            _count(s_reached, min(n_accepted + 1, proposed))
+            _count_kept(*self._slot_tallies(slot), n_accepted, proposed)
             self._accept(slot, n_accepted, proposed)
 
     def discard(self, slot: int) -> None:

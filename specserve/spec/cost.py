@@ -44,7 +44,23 @@ class ForwardCost:
 
     def seconds(self, rows: int) -> float:
         """T(rows), in seconds once measured, else in units of a prior one-row forward."""
-        known = sorted((n, statistics.median(ts)) for n, ts in self._times.items())
+        return self._at(self._known(), rows)
+
+    def relative(self, base_rows: int, n_max: int) -> list[float]:
+        """cost(k) for k = 0..n_max extra rows on a step of `base_rows` (see the module doc)."""
+        known = self._known()  # once per step: the medians, not once per k
+        base = max(1, base_rows)
+        t_base = self._at(known, base)
+        share = t_base / base
+        return [1.0] + [
+            1.0 + max(0.0, self._at(known, base + k) - t_base) / share for k in range(1, n_max + 1)
+        ]
+
+    def _known(self) -> list[tuple[int, float]]:
+        """(rows, median seconds) for every row count measured, by rows."""
+        return sorted((n, statistics.median(ts)) for n, ts in self._times.items())
+
+    def _at(self, known: list[tuple[int, float]], rows: int) -> float:
         if not known:
             return self._prior(rows)
         below = [(n, t) for n, t in known if n <= rows]
@@ -54,15 +70,6 @@ class ForwardCost:
             return t0 if n1 == n0 else t0 + (t1 - t0) * (rows - n0) / (n1 - n0)
         n, t = below[-1] if below else above[0]
         return t * self._prior(rows) / self._prior(n)
-
-    def relative(self, base_rows: int, n_max: int) -> list[float]:
-        """cost(k) for k = 0..n_max extra rows on a step of `base_rows` (see the module doc)."""
-        base = max(1, base_rows)
-        t_base = self.seconds(base)
-        share = t_base / base
-        return [1.0] + [
-            1.0 + max(0.0, self.seconds(base + k) - t_base) / share for k in range(1, n_max + 1)
-        ]
 
     def _prior(self, rows: int) -> float:
         return 1.0 + self.per_row * (rows - 1)

@@ -27,15 +27,10 @@ from torch import nn
 PACK_ROWS = 16
 
 
-def can_pack(linear: nn.Module) -> bool:
-    w = getattr(linear, "weight", None)
-    return (
-        type(linear) is nn.Linear
-        and w is not None
-        and w.dtype == torch.float32
-        and w.device.type == "cpu"
-        and torch.backends.mkldnn.is_available()
-    )
+def can_pack(linear: nn.Linear) -> bool:
+    w = linear.weight
+    on_cpu = w.device.type == "cpu" and torch.backends.mkldnn.is_available()
+    return on_cpu and w.dtype == torch.float32
 
 
 class PackedLinear(nn.Module):
@@ -64,7 +59,8 @@ def pack_linears(model: nn.Module) -> int:
     n = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear) and can_pack(child):
+            # exactly nn.Linear: not its quantized or row-padded stand-ins
+            if type(child) is nn.Linear and can_pack(child):
                 setattr(module, name, PackedLinear(child))
                 n += 1
     return n
