@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 
-# Before torch starts OpenMP: idle worker threads sleep instead of spinning. On a shared
-# 2-core machine spinning threads made a 2-thread forward ~5x slower than 1 thread
-# (1038 vs 219 ms for the 0.5B); with PASSIVE it took 171 ms.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Before torch starts OpenMP: an idle worker thread spins briefly, then sleeps. Sleeping at
+# once (OMP_WAIT_POLICY=PASSIVE) costs ~0.5 ms to wake a thread on these VMs, paid by every
+# parallel region (hundreds per step with the low-bit kernels: 0.5B int8 158 ms vs 65 ms per
+# step); spinning long (libgomp's default) starves other work on a shared 2-core machine.
+# Whether two threads pay at all under load is the engine's ThreadTuner's call.
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 import argparse  # noqa: E402
 import json

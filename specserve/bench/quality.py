@@ -1,6 +1,9 @@
 """Benchmark: what quantized weights cost in quality, against float32-dequantized weights.
 
-    specserve bench quality --models qwen2.5-coder-0.5b --weights int8 int4 auto
+    specserve bench quality --models qwen2.5-coder-0.5b --weights int8 int4 auto bfloat16+int8
+
+A weights entry is WEIGHTS or DTYPE+WEIGHTS; float32 (the default) runs specserve's own
+low-bit kernels (int8 activations too, as llama.cpp does), bfloat16 torch's kernels.
 
 For 3 fixed chat prompts the float32 model's greedy continuation (128 tokens) is the
 reference. Each weights mode then reads prompt + reference in one forward (teacher
@@ -61,7 +64,7 @@ def main(args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     print(
-        f"{'model':>20} | {'weights':>8} | {'agreement':>9} | "
+        f"{'model':>20} | {'weights':>14} | {'agreement':>9} | "
         f"same prefix (of {args.tokens}) per prompt"
     )
     for name in args.models:
@@ -72,11 +75,12 @@ def main(args: argparse.Namespace) -> None:
         refs = [greedy(ref_model, p, args.tokens) for p in prompts]
         del ref_model
         for weights in args.weights:
-            quant = load_model(name, "bfloat16", weights=weights, with_tokenizer=False)
+            dtype, _, mode = weights.rpartition("+")
+            quant = load_model(name, dtype or "float32", weights=mode, with_tokenizer=False)
             agree = [agreement(quant, p, r) for p, r in zip(prompts, refs, strict=True)]
             prefix = [
                 same_prefix(greedy(quant, p, args.tokens), r)
                 for p, r in zip(prompts, refs, strict=True)
             ]
             mean = sum(agree) / len(agree)
-            print(f"{name:>20} | {weights:>8} | {mean:>9.1%} | {prefix}", flush=True)
+            print(f"{name:>20} | {weights:>14} | {mean:>9.1%} | {prefix}", flush=True)

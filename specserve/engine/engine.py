@@ -11,6 +11,7 @@ from specserve.engine.request import Request, Status
 from specserve.engine.runner import ModelRunner, SlotInput
 from specserve.engine.sampling import apply_penalties, probs_from_logits, resolve_seed
 from specserve.engine.scheduler import Scheduler, StepPlan
+from specserve.engine.threads import ThreadTuner
 from specserve.errors import SpecserveError
 from specserve.spec.adaptive import DraftBudget
 from specserve.spec.base import Draft, DraftRequest, Speculator
@@ -34,12 +35,15 @@ class Engine:
         speculator: Speculator | None = None,
         prefill_chunk: int = 512,
         cost: ForwardCost | None = None,
+        threads: ThreadTuner | None = None,
     ) -> None:
         self.runner = runner
         self.speculator = speculator
         # forward time by row count, so drafts are cut to what verifying them is worth here;
         # unmeasured by default (deterministic draft lengths, for tests)
         self.cost = cost if cost is not None else ForwardCost(measure=False)
+        # thread count per forward by measured speed (None: leave torch's setting alone)
+        self.threads = threads
         self.budget = DraftBudget()
         self.scheduler = Scheduler(runner.memory.num_slots, prefill_chunk)
 
@@ -67,9 +71,14 @@ class Engine:
         base_rows = len(plan.decode) + sum(len(chunk) for _, chunk, _ in plan.prefill)
         drafts = self._draft(plan.decode, base_rows)
         work = self._work(plan, drafts)
+        rows = sum(len(w.tokens) for w in work)
+        threads = self.threads.pick(rows) if self.threads else 0
         t0 = time.perf_counter()
         logits = self.runner.forward(work)
-        self.cost.record(sum(len(w.tokens) for w in work), time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        self.cost.record(rows, seconds)
+        if self.threads:
+            self.threads.record(rows, threads, seconds)
         n_pre = len(plan.prefill)
         out = [
             self._after_prefill(r, c, lg)

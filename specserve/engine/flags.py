@@ -36,10 +36,12 @@ def add_engine_args(p: argparse.ArgumentParser, default_spec: str, slots: int) -
     )
     m.add_argument(
         "--weights",
-        default="dequant",
+        default="auto",
         choices=WEIGHT_MODES,
-        help="dequant: float weights; int8 / int4: weight-only quantized CPU kernels (use "
-        "with --dtype bfloat16); auto: each GGUF tensor on the nearest kernel (default dequant)",
+        help="dequant: float weights; int8 / int4: weights kept quantized in blocks of 32 "
+        "(float32 on CPU: specserve's AVX2 kernels, built on first use; bfloat16: torch's); "
+        "auto (default): each GGUF tensor on the kernel nearest its own precision, float "
+        "tensors stay float",
     )
     m.add_argument(
         "--no-prepack",
@@ -49,6 +51,14 @@ def add_engine_args(p: argparse.ArgumentParser, default_spec: str, slots: int) -
         "packed once at load (packing makes a k-token forward far cheaper; on by default)",
     )
     m.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    m.add_argument(
+        "--threads",
+        "-t",
+        type=int,
+        default=0,
+        help="CPU threads per forward; 0 (default): 1 or all cores, whichever this machine "
+        "measures faster now (two threads lose to one when other work shares the cores)",
+    )
     m.add_argument(
         "--ctx-size", "-c", type=int, default=0, help="context per slot (default min(model, 4096))"
     )
@@ -114,6 +124,7 @@ def settings_from_args(args: argparse.Namespace) -> EngineSettings:
         weights=args.weights,
         deterministic=args.deterministic,
         prepack=args.prepack,
+        threads=args.threads,
         rollback=args.rollback,
         snapshot_depth=args.draft_max + 1,  # n_rs_seq: every draft token plus the last one
         snapshot_budget_mb=args.rollback_budget_mb,

@@ -13,6 +13,7 @@ import torch
 from specserve.engine.engine import Engine
 from specserve.engine.rollback import STRATEGIES
 from specserve.engine.runner import DEFAULT_SNAPSHOT_DEPTH, ModelRunner
+from specserve.engine.threads import ThreadTuner
 from specserve.errors import SpecserveError
 from specserve.loading.model import LoadedModel, load_model
 from specserve.models.layers.invariant import make_batch_invariant
@@ -33,6 +34,7 @@ class EngineSettings:
     weights: str = "dequant"  # dequant | int8 | int4 | auto (see models/layers/quant.py)
     deterministic: bool = False  # batch-invariant kernels (models/layers/invariant.py)
     prepack: bool = True  # float32 CPU linears on oneDNN's packed weights (layers/packed.py)
+    threads: int = 0  # torch threads; 0 = 1 or all per forward, as measured (engine/threads.py)
     # recurrent (hybrid) models: how verification rolls state back (engine/rollback.py)
     rollback: str = "auto"  # snapshots | checkpoint | auto
     snapshot_depth: int = DEFAULT_SNAPSHOT_DEPTH  # n_rs_seq = draft max + 1
@@ -105,7 +107,16 @@ def build_engine(
     )
     speculator = _speculator(s, target, runner, progress, draft)
     # drafts are cut to what verifying them costs on this machine, as measured while serving
-    return Engine(runner, speculator, cost=ForwardCost(measure=True)), target
+    cost = ForwardCost(measure=True)
+    return Engine(runner, speculator, cost=cost, threads=_threads(s)), target
+
+
+def _threads(s: EngineSettings) -> ThreadTuner | None:
+    """--threads N pins torch to N; 0 (default) on CPU tunes 1 vs all per forward."""
+    if s.threads > 0:
+        torch.set_num_threads(s.threads)
+        return None
+    return ThreadTuner() if torch.device(s.device).type == "cpu" else None
 
 
 def _speculator(

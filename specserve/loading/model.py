@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from specserve.loading.sources import resolve_model
 from specserve.loading.tokenizer import Tokenizer, load_tokenizer
 from specserve.models import registry
 from specserve.models.config import ModelConfig
+from specserve.models.layers.lowbit import LowbitLinear
 from specserve.models.layers.packed import pack_linears
 from specserve.models.layers.quant import (
     WEIGHT_MODES,
@@ -26,6 +28,10 @@ from specserve.models.layers.quant import (
     swap_linears,
 )
 from specserve.models.registry import LanguageModel
+from specserve.ops.cpu.build import available as lowbit_available
+from specserve.ops.cpu.build import problem as lowbit_problem
+
+log = logging.getLogger(__name__)
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -98,17 +104,34 @@ def linear_modes(model: torch.nn.Module, weights: str, types: dict[str, str]) ->
     for name, module in model.named_modules():
         if not isinstance(module, torch.nn.Linear):
             continue
-        mode = auto_mode(types.get(f"{name}.weight", "")) if weights == "auto" else weights
+        mode = auto_mode(_gguf_type(name, types)) if weights == "auto" else weights
         if mode is not None:
             modes[name] = mode
     return modes
+
+
+def _gguf_type(linear: str, types: dict[str, str]) -> str:
+    # a tied LM head has no tensor of its own: it is the embedding's
+    if linear == "lm_head" and "lm_head.weight" not in types:
+        return types.get("embed.weight", "")
+    return types.get(f"{linear}.weight", "")
+
+
+def _use_lowbit(compute: torch.dtype, device: torch.device | str) -> bool:
+    """Our float32 kernels where they apply; torch's bf16 ones otherwise."""
+    if compute != torch.float32 or torch.device(device).type != "cpu":
+        return False
+    if lowbit_available():
+        return True
+    log.warning("low-bit CPU kernels unavailable (%s); using torch's bf16 ones", lowbit_problem())
+    return False
 
 
 def _cast_floats(model: torch.nn.Module, dtype: torch.dtype) -> None:
     """Cast float parameters to dtype, leaving quantized layers' buffers and (under 16-bit
     dtypes) the float32 norms alone."""
     for name, module in model.named_modules():
-        if isinstance(module, Int4Linear | Int8Linear):
+        if isinstance(module, Int4Linear | Int8Linear | LowbitLinear):
             continue
         for pname, p in module.named_parameters(recurse=False):
             keep32 = dtype.itemsize < 4 and keeps_precision(f"{name}.{pname}")
@@ -138,6 +161,8 @@ def load_model(
         types = meta[TENSOR_TYPES_KEY]
         has_tok = True
     compute = parse_dtype(dtype)
+    if weights == "auto" and (compute == torch.float64 or torch.device(device).type != "cpu"):
+        weights = "dequant"  # no quantized kernel for float64 or off the CPU: auto keeps floats
     quantized = weights != "dequant"
     if quantized and torch.device(device).type != "cpu":
         raise SpecserveError(
@@ -147,7 +172,7 @@ def load_model(
     model = build_model(cfg, tensors, torch.float32 if quantized else compute, device, progress)
     if quantized:
         modes = linear_modes(model, weights, types)
-        swap_linears(model, modes)
+        swap_linears(model, modes, lowbit=_use_lowbit(compute, device))
         _cast_floats(model, compute)
     if prepack:
         pack_linears(model)  # only float32 CPU linears; a no-op otherwise

@@ -27,6 +27,7 @@ from typing import Any, Literal
 from specserve.engine.engine import Engine, StepOutput
 from specserve.engine.request import Request
 from specserve.errors import SpecserveError
+from specserve.server.trim import release_freed_memory
 
 log = logging.getLogger("specserve.server")
 
@@ -125,8 +126,10 @@ class EngineLoop:
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._finished: Counter[str] = Counter({"stop": 0, "length": 0, "abort": 0, "error": 0})
+        self.trims = 0  # times idle memory was handed back (server/trim.py)
 
     # -- event loop side -------------------------------------------------------------------
+
     def start(self) -> None:
         self._publish()
         self._thread.start()
@@ -168,11 +171,16 @@ class EngineLoop:
 
     # -- engine thread ---------------------------------------------------------------------
     def _run(self) -> None:
+        busy = False
         try:
             while not (self._stopping and not self.engine.has_work()):
                 self._read_inbox(block=not self.engine.has_work())
                 if self.engine.has_work():
                     self._step()
+                    busy = True
+                elif busy:  # the last request just ended: hand its memory back
+                    busy = False
+                    self.trims += release_freed_memory()
                 self._publish()
         except Exception as e:  # a bug in this loop: fail every request, let /health say so
             log.exception("the engine thread failed")

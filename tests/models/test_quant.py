@@ -8,9 +8,13 @@ import torch.nn.functional as F
 
 from specserve.loading.model import linear_modes, load_model
 from specserve.models.batch import FlatBatch
+from specserve.models.layers.lowbit import LowbitLinear
 from specserve.models.layers.quant import GROUP, Int4Linear, Int8Linear, _int4_groups, auto_mode
+from specserve.ops.cpu.build import problem
 from tests.tiny import VOCAB, make_hf_model
 from tests.tiny_gguf import write_gguf
+
+needs_lowbit = pytest.mark.skipif(problem() is not None, reason=f"low-bit kernels: {problem()}")
 
 
 def _weight_and_input() -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,19 +43,30 @@ def test_int4_uses_groupwise_min_max_weights() -> None:
 
 @pytest.mark.parametrize(
     ("gguf_type", "mode"),
-    [("Q4_K", "int4"), ("Q5_0", "int4"), ("Q6_K", "int8"), ("Q8_0", "int8"), ("F32", None)],
+    [("Q4_K", "int4"), ("Q5_0", "int8"), ("Q6_K", "int8"), ("Q8_0", "int8"), ("F32", None)],
 )
 def test_auto_maps_gguf_types_to_kernels(gguf_type: str, mode: str | None) -> None:
     assert auto_mode(gguf_type) == mode
 
 
-@pytest.mark.parametrize("weights", ["int8", "int4", "auto"])
-def test_quantized_model_stays_close_to_float(weights: str, tmp_path) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(
+    ("dtype", "weights"),
+    [
+        ("bfloat16", "int8"),
+        ("bfloat16", "int4"),
+        ("bfloat16", "auto"),
+        # float32 runs on specserve's own kernels (layers/lowbit.py)
+        pytest.param("float32", "int8", marks=needs_lowbit),
+        pytest.param("float32", "int4", marks=needs_lowbit),
+    ],
+)
+def test_quantized_model_stays_close_to_float(dtype: str, weights: str, tmp_path) -> None:  # noqa: ANN001
     hf = make_hf_model("qwen2", seed=2)
     path = write_gguf(hf, "qwen2", tmp_path / "m.gguf")
     exact = load_model(path, "float32", with_tokenizer=False).model
-    quant = load_model(path, "bfloat16", with_tokenizer=False, weights=weights).model
-    n_quant = sum(isinstance(m, Int4Linear | Int8Linear) for m in quant.modules())
+    quant = load_model(path, dtype, with_tokenizer=False, weights=weights).model
+    kind = LowbitLinear if dtype == "float32" else Int4Linear | Int8Linear
+    n_quant = sum(isinstance(m, kind) for m in quant.modules())
     # the tiny GGUF holds float32 tensors, so auto keeps them float
     assert n_quant == (0 if weights == "auto" else 3 * 7 + 1)
     tokens = torch.randint(0, VOCAB, (16,), generator=torch.Generator().manual_seed(1))

@@ -78,3 +78,37 @@ def test_loop_streams_refuses_and_reports_failures(tiny_model: LoadedModel) -> N
         loop.stop(drain_timeout=5)
     assert not loop.alive
     assert loop.snapshot.finished == {"stop": 0, "length": 1, "abort": 2, "error": 1}
+
+
+def test_memory_is_handed_back_each_time_the_engine_goes_idle(tiny_model: LoadedModel) -> None:
+    loop = EngineLoop(Engine(ModelRunner(tiny_model.model, num_slots=2, max_len=64)), 0)
+    loop.start()
+
+    async def burst() -> None:
+        handles = [loop.submit(request(p, tiny_model, max_tokens=4)) for p in ("a", "b")]
+        for h in handles:
+            [ev async for ev in h.events()]
+
+    try:
+        asyncio.run(asyncio.wait_for(burst(), timeout=30))
+        deadline = asyncio.run(_wait_for(lambda: loop.trims == 1))
+        assert deadline, "no trim after the first burst"
+        asyncio.run(asyncio.wait_for(burst(), timeout=30))
+        assert asyncio.run(_wait_for(lambda: loop.trims == 2)), "one trim per idle, not per step"
+    finally:
+        loop.stop(drain_timeout=5)
+
+
+async def _wait_for(cond, timeout: float = 5.0) -> bool:  # noqa: ANN001
+    for _ in range(int(timeout / 0.01)):
+        if cond():
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
+def test_release_freed_memory_runs_glibc_malloc_trim() -> None:
+    from specserve.server.trim import release_freed_memory
+
+    # every machine this project runs on has glibc; elsewhere it is a documented no-op
+    assert release_freed_memory() is True

@@ -1,10 +1,14 @@
-"""Weight-only quantized linear layers on torch's CPU kernels, swapped in by module.
+"""Weight-only quantized linear layers, swapped in by module.
 
-- int8: symmetric, one scale per output channel (`aten._weight_int8pack_mm`).
-- int4: asymmetric, one scale and zero per group of 32 inputs (`aten._weight_int4pack_mm_for_cpu`).
-Both kernels take bf16 activations (they are several times slower with float32), so inputs
-are cast to bf16 and outputs back to the caller's dtype. As in gpt-fast's quantize.py, the
-float model is built first and its nn.Linear modules are replaced one by one.
+Two families of kernels:
+- ours (layers/lowbit.py, AVX2, float32 activations): int8 and int4 in blocks of 32 inputs.
+  Used whenever the compute dtype is float32 on CPU and the kernels build (the default).
+- torch's, for bf16 compute or where ours cannot build: int8 with one scale per output
+  channel (`aten._weight_int8pack_mm`), int4 with one scale and zero per group of 32
+  (`aten._weight_int4pack_mm_for_cpu`). Both take bf16 activations (they are several times
+  slower with float32), so inputs are cast to bf16 and outputs back to the caller's dtype.
+As in gpt-fast's quantize.py, the float model is built first and its nn.Linear modules are
+replaced one by one.
 
 GGUF weights arrive dequantized to float32 and are re-quantized here: exact for Q4_K's
 (scale, min) groups of 32 up to bf16 rounding of the scales, approximate for the others.
@@ -15,14 +19,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specserve.models.layers.lowbit import Q4Linear, Q8Linear
+
 GROUP = 32
 WEIGHT_MODES = ("auto", "dequant", "int8", "int4")
 
-# GGUF tensor type -> the kernel `--weights auto` picks: few-bit formats run on int4,
-# 6- and 8-bit ones on int8, float ones stay float.
+# GGUF tensor type -> the kernel `--weights auto` picks: 4-bit formats run on int4, 5- to
+# 8-bit ones on int8 (4 bits would drop a bit of every 5-bit weight), float ones stay float.
 _AUTO = {
-    **dict.fromkeys(("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "IQ4_NL", "IQ4_XS"), "int4"),
-    **dict.fromkeys(("Q6_K", "Q8_0", "Q8_1", "Q8_K"), "int8"),
+    **dict.fromkeys(("Q4_0", "Q4_1", "Q4_K", "IQ4_NL", "IQ4_XS"), "int4"),
+    **dict.fromkeys(("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_1", "Q8_K"), "int8"),
 }
 
 
@@ -91,12 +97,17 @@ def _int4_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     return q.to(torch.int32).view(n, k), scale, low
 
 
-def quantize_linear(linear: nn.Linear, mode: str) -> nn.Module:
-    cls = {"int8": Int8Linear, "int4": Int4Linear}[mode]
+def quantize_linear(linear: nn.Linear, mode: str, lowbit: bool = False) -> nn.Module:
+    """lowbit: our float32-activation kernels instead of torch's bf16 ones."""
+    table = {"int8": Q8Linear, "int4": Q4Linear} if lowbit else _TORCH_KERNELS
+    cls = table[mode]
     return cls(linear.weight.detach(), None if linear.bias is None else linear.bias.detach())
 
 
-def swap_linears(model: nn.Module, modes: dict[str, str]) -> None:
+_TORCH_KERNELS: dict[str, type[nn.Module]] = {"int8": Int8Linear, "int4": Int4Linear}
+
+
+def swap_linears(model: nn.Module, modes: dict[str, str], lowbit: bool = False) -> None:
     """Replace each named nn.Linear ("layers.0.attn.q") with its quantized twin."""
     for name, mode in modes.items():
         parent_name, _, child = name.rpartition(".")
@@ -104,4 +115,4 @@ def swap_linears(model: nn.Module, modes: dict[str, str]) -> None:
         linear = getattr(parent, child)
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"{name} is not an nn.Linear")
-        setattr(parent, child, quantize_linear(linear, mode))
+        setattr(parent, child, quantize_linear(linear, mode, lowbit))

@@ -1,0 +1,64 @@
+"""How many threads a forward runs on, chosen by what this machine measures now.
+
+On this project's 2-core machines two threads make a quiet machine's decode step ~1.6x
+faster, but when anything else runs (a second process, the test suite, another server) a
+two-thread parallel region waits for whichever thread the OS descheduled, and the step
+becomes slower than on one thread (0.5B int8: 65 ms quiet on 2 threads, 97 on 1; under a
+competing busy loop 260 on 2 spinning threads, 107 on 1). Which is faster changes with the
+load, so the engine times each forward on each thread count, by row-count bucket, and runs
+on the faster one, trying the other again every RETRY forwards of that bucket.
+
+Safe for exactness because the kernels on the hot path give the same bits on any thread
+count: our low-bit kernels compute each output on one thread; oneDNN's packed float32
+linears and the attention were checked bit for bit, 1 vs 2 threads
+(tests/engine/test_threads.py).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+import torch
+
+WINDOW = 5  # timings kept per (bucket, threads); their median resists one interrupted step
+RETRY = 24  # forwards of a bucket between tries of the slower thread count
+
+
+class ThreadTuner:
+    def __init__(self, max_threads: int | None = None) -> None:
+        top = max_threads or torch.get_num_threads()
+        self.options = (1, top) if top > 1 else (1,)
+        self._times: dict[tuple[int, int], deque[float]] = {}
+        self._count: dict[int, int] = {}
+
+    @staticmethod
+    def bucket(rows: int) -> int:
+        return rows.bit_length()  # 1, 2-3, 4-7, 8-15, ...
+
+    def pick(self, rows: int) -> int:
+        """The thread count for a forward over `rows` rows; sets torch's to it."""
+        b = self.bucket(rows)
+        n = self._count.get(b, 0)
+        self._count[b] = n + 1
+        unmeasured = [t for t in self.options if len(self._times.get((b, t), ())) < 2]
+        if unmeasured:
+            threads = unmeasured[0]
+        else:
+            ranked = sorted(self.options, key=lambda t: statistics.median(self._times[(b, t)]))
+            threads = ranked[-1] if n % RETRY == RETRY - 1 else ranked[0]
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        return threads
+
+    def record(self, rows: int, threads: int, seconds: float) -> None:
+        key = (self.bucket(rows), threads)
+        self._times.setdefault(key, deque(maxlen=WINDOW)).append(seconds)
+
+    def best(self, rows: int) -> int | None:
+        """The thread count now preferred for `rows` rows (None until both are measured)."""
+        b = self.bucket(rows)
+        timed = [t for t in self.options if len(self._times.get((b, t), ())) >= 2]
+        if len(timed) < len(self.options):
+            return None
+        return min(timed, key=lambda t: statistics.median(self._times[(b, t)]))

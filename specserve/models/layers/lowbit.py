@@ -1,0 +1,88 @@
+"""float32 linears on our own AVX2 low-bit kernels (ops/cpu/lowbit.cpp).
+
+The weights stay in blocks of 32 inputs in memory (q8: int8 + one scale, 1.125 bytes per
+weight; q4: 4-bit + scale and low, 0.75 bytes) and are turned into float32 in registers, so
+a decode step reads a quarter (q8) or under a fifth (q4) of float32's bytes. A row's result
+never depends on the other rows of the call (the kernel's design; tests/models/test_lowbit.py),
+so these layers are batch-invariant as they stand.
+
+From a GGUF, Q8_0 weights come back exactly (dequantized Q8_0 values are d * q with d the
+block's absmax / 127, which is what the requantization finds again); other types are
+re-quantized from their float32 values.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specserve.ops.cpu.build import load
+
+GROUP = 32
+
+
+def q8_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w: [N, K] float -> q: [N, K] int8, scale: [N, K/32] float32 (w ~ q * scale)."""
+    n, k = w.shape
+    g = w.float().view(n, k // GROUP, GROUP)
+    scale = (g.abs().amax(dim=-1) / 127).clamp_min(1e-30)
+    q = torch.round(g / scale[..., None]).clamp(-127, 127).to(torch.int8)
+    return q.view(n, k).contiguous(), scale.contiguous()
+
+
+def q4_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w: [N, K] -> packed: [N, K/2] uint8, scale and low: [N, K/32] (w ~ q * scale + low).
+    A block's byte i holds element i (low nibble) and element i + 16 (high nibble)."""
+    n, k = w.shape
+    g = w.float().view(n, k // GROUP, GROUP)
+    low, high = g.amin(dim=-1), g.amax(dim=-1)
+    scale = ((high - low) / 15).clamp_min(1e-30)
+    q = torch.round((g - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8)
+    packed = q[..., : GROUP // 2] | (q[..., GROUP // 2 :] << 4)
+    return packed.reshape(n, k // 2).contiguous(), scale.contiguous(), low.contiguous()
+
+
+class LowbitLinear(nn.Module):
+    """Common shape handling; subclasses hold the blocks and call their kernel."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        if self.in_features % GROUP:
+            raise ValueError(f"low-bit kernels need in_features divisible by {GROUP}")
+        self.kernels = load()
+        self.bias = None if bias is None else nn.Parameter(bias.float().contiguous(), False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        y = self.matmul(rows.float())
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
+class Q8Linear(LowbitLinear):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__(weight, bias)
+        q, scale = q8_blocks(weight)
+        self.register_buffer("q", q)
+        self.register_buffer("scale", scale)
+
+    def matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.kernels.q8_linear(rows, self.q, self.scale, self.bias)
+
+
+class Q4Linear(LowbitLinear):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__(weight, bias)
+        q, scale, low = q4_blocks(weight)
+        self.register_buffer("q", q)
+        self.register_buffer("scale", scale)
+        self.register_buffer("low", low)
+
+    def matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.kernels.q4_linear(rows, self.q, self.scale, self.low, self.bias)

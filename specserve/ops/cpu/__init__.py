@@ -1,0 +1,1 @@
+"""Compiled CPU kernels of our own (C++ built on first use by torch.utils.cpp_extension)."""

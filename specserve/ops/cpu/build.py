@@ -1,0 +1,91 @@
+"""Build lowbit.cpp on first use and cache the library under ~/.cache/specserve/ext.
+
+The kernels need AVX2 + FMA and a C++ compiler (gcc is on every machine this project
+targets). `load()` raises a SpecserveError that says which of the two is missing, so
+`--weights int8/int4/auto` fails with a reason instead of a stack trace; callers that can
+fall back ask `available()` first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+from specserve.errors import SpecserveError
+
+SOURCE = Path(__file__).with_name("lowbit.cpp")
+# -ffp-contract=off: gcc would otherwise fuse a*b+c into an FMA in some tile shapes and
+# not in others, and a row's result would depend on the tile it lands in
+FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off"]
+
+
+def cache_dir() -> Path:
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    # one folder per source version: an edit rebuilds instead of loading a stale library
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:12]
+    return root / "specserve" / "ext" / f"lowbit-{digest}"
+
+
+def cpu_has_avx2() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx2" in flags and " fma" in flags
+
+
+def load() -> ModuleType:
+    """The compiled kernels (built on the first call of the process, cached on disk)."""
+    result = _build()
+    if isinstance(result, SpecserveError):
+        raise result
+    return result
+
+
+@cache  # a failed build is remembered too: it is not retried on every layer
+def _build() -> ModuleType | SpecserveError:
+    try:
+        return _compile()
+    except SpecserveError as e:
+        return e
+
+
+def _compile() -> ModuleType:
+    if not cpu_has_avx2():
+        raise SpecserveError("the low-bit CPU kernels need a CPU with AVX2 and FMA")
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        raise SpecserveError(
+            "the low-bit CPU kernels are built on first use and need a C++ compiler"
+        )
+    from torch.utils.cpp_extension import load as build
+
+    out = cache_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        return build(
+            name="specserve_lowbit",
+            sources=[str(SOURCE)],
+            extra_cflags=FLAGS,
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(out),
+            verbose=False,
+        )
+    except (RuntimeError, OSError) as e:
+        raise SpecserveError(f"building the low-bit CPU kernels failed: {e}") from e
+
+
+def problem() -> str | None:
+    """Why the kernels cannot be used here (None: they can)."""
+    try:
+        load()
+    except SpecserveError as e:
+        return str(e)
+    return None
+
+
+def available() -> bool:
+    return problem() is None

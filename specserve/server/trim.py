@@ -1,0 +1,38 @@
+"""Give memory that finished requests freed back to the operating system.
+
+A step's temporaries (logits, verification rows, drafter tables) are freed by torch, but
+glibc's malloc keeps freed heap pages for reuse, so a server's resident memory stays at its
+busiest step's high-water mark after the burst is over: the 5-minute load run ended
+~70-100 MiB above its steady state when its last 8 requests finished together. When the
+engine goes idle the loop calls `release_freed_memory`: a garbage collection, then glibc's
+malloc_trim(0), which returns the free pages at the heap's top and in its arenas. A no-op
+where there is no glibc.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+from functools import cache
+
+
+@cache
+def _malloc_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        return ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+def release_freed_memory() -> bool:
+    """Collect garbage and trim malloc's free pages; True if malloc_trim ran."""
+    gc.collect()
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True

@@ -1,0 +1,58 @@
+"""The thread tuner runs forwards on the faster thread count, and the count never changes
+a result (what makes tuning it safe for exactness)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specserve.engine.threads import RETRY, ThreadTuner
+from specserve.models.layers.packed import PackedLinear
+
+
+def _run(tuner: ThreadTuner, rows: int, seconds: dict[int, float], steps: int) -> list[int]:
+    picked = []
+    for _ in range(steps):
+        t = tuner.pick(rows)
+        tuner.record(rows, t, seconds[t])
+        picked.append(t)
+    return picked
+
+
+def test_tries_both_then_keeps_the_faster_and_retries_the_other() -> None:
+    before = torch.get_num_threads()
+    try:
+        tuner = ThreadTuner(max_threads=2)
+        picked = _run(tuner, 1, {1: 0.10, 2: 0.06}, 4 + 2 * RETRY)
+        assert picked[:4] == [1, 1, 2, 2]  # two timings of each first
+        assert tuner.best(1) == 2
+        assert picked[4:].count(1) == 2  # one retry of the slower per RETRY forwards
+        assert torch.get_num_threads() == picked[-1]
+        # the load changes: one thread becomes the faster, and the tuner follows
+        _run(tuner, 1, {1: 0.10, 2: 0.30}, 3 * RETRY)
+        assert tuner.best(1) == 1
+        # buckets are separate: 8 rows has measured nothing yet
+        assert tuner.best(8) is None and tuner.best(9) is None
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_one_core_means_one_option() -> None:
+    assert ThreadTuner(max_threads=1).options == (1,)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 16])
+def test_packed_float32_linear_gives_the_same_bits_on_1_and_2_threads(rows: int) -> None:
+    g = torch.Generator().manual_seed(rows)
+    linear = torch.nn.Linear(896, 4864)
+    layer = PackedLinear(linear)
+    x = torch.randn(rows, 896, generator=g)
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            outs.append(layer(x))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0], outs[1])

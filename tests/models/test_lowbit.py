@@ -1,0 +1,125 @@
+"""specserve's AVX2 low-bit kernels: the arithmetic they claim, row for row, at any batch size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specserve.models.layers.lowbit import GROUP, Q4Linear, Q8Linear, q4_blocks, q8_blocks
+from specserve.ops.cpu.build import problem
+
+pytestmark = pytest.mark.skipif(problem() is not None, reason=f"low-bit kernels: {problem()}")
+
+
+def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the kernel does to x, written plainly: int8 per block of 32, round half to even."""
+    g = x.view(x.shape[0], -1, GROUP)
+    amax = g.abs().amax(-1)
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    q = torch.round(g * inv[..., None])  # torch.round rounds half to even, as nearbyint does
+    return q, amax / 127
+
+
+def _reference_q8(x: torch.Tensor, layer: Q8Linear) -> torch.Tensor:
+    """Exact integer block dot products, then scaled and summed in float64."""
+    qx, dx = _quantize_rows(x)
+    n, k = layer.q.shape
+    qw = layer.q.view(n, k // GROUP, GROUP).double()
+    dots = torch.einsum("mbj,nbj->mnb", qx.double(), qw)  # integers, exact in float64
+    return (dots * dx.double()[:, None, :] * layer.scale.double()[None]).sum(-1)
+
+
+def _reference_q4(x: torch.Tensor, layer: Q4Linear) -> torch.Tensor:
+    qx, dx = _quantize_rows(x)
+    n = layer.q.shape[0]
+    packed = layer.q.view(n, -1, GROUP // 2)
+    qw = torch.cat([packed & 15, packed >> 4], dim=-1).double()  # element i, then i + 16
+    dots = torch.einsum("mbj,nbj->mnb", qx.double(), qw)
+    xsum = (qx.sum(-1) * dx).double()  # what multiplies each block's low
+    scaled = dots * dx.double()[:, None, :] * layer.scale.double()[None]
+    return (scaled + layer.low.double()[None] * xsum[:, None, :]).sum(-1)
+
+
+def _case(n: int = 70, k: int = 160, m: int = 9) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(n * k + m)
+    return (
+        torch.randn(n, k, generator=g),
+        torch.randn(n, generator=g),
+        torch.randn(m, k, generator=g),
+    )
+
+
+def test_q8_blocks_give_gguf_q8_0_weights_back_exactly() -> None:
+    # Q8_0: per block d (a float16) and q in -127..127 with the block's largest |q| = 127
+    g = torch.Generator().manual_seed(0)
+    q = torch.randint(-127, 128, (8, 4, GROUP), generator=g)
+    q[..., 0] = 127 * torch.sign(torch.randn(8, 4, generator=g)).long()
+    d = (torch.rand(8, 4, generator=g) * 0.01).half().float()
+    w = (q.float() * d[..., None]).view(8, 4 * GROUP)
+    got_q, got_d = q8_blocks(w)
+    assert torch.equal(got_q.long().view_as(q), q)
+    assert torch.equal(got_d, d)
+
+
+def test_q4_blocks_round_within_half_a_step() -> None:
+    w, _, _ = _case()
+    packed, scale, low = q4_blocks(w)
+    q = torch.cat([packed.view(70, -1, 16) & 15, packed.view(70, -1, 16) >> 4], dim=-1).float()
+    back = (q * scale[..., None] + low[..., None]).view_as(w)
+    assert ((back - w).abs().view(70, -1, GROUP) <= scale[..., None] / 2 + 1e-6).all()
+
+
+@pytest.mark.parametrize("cls", [Q8Linear, Q4Linear])
+def test_kernel_computes_the_quantized_arithmetic(cls: type) -> None:
+    w, bias, x = _case()
+    layer = cls(w, bias)
+    ref = (_reference_q8 if cls is Q8Linear else _reference_q4)(x, layer) + bias.double()
+    got = layer(x).double()
+    assert torch.allclose(got, ref, rtol=1e-5, atol=1e-4), (got - ref).abs().max()
+    # and the quantized product stays near the float one
+    assert (
+        torch.nn.functional.cosine_similarity(got.flatten(), (x @ w.T + bias).double().flatten(), 0)
+        > 0.99
+    )
+
+
+@pytest.mark.parametrize("cls", [Q8Linear, Q4Linear])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_row_does_not_depend_on_the_rows_beside_it(cls: type, threads: int) -> None:
+    # tiles are 4 outputs x 1 row (one row) or 2 outputs x up to 4 rows; 70 outputs leave a
+    # tail of 2; row counts cover every tile remainder and the 32-row chunking
+    w, bias, x = _case(m=70)
+    layer = cls(w, bias)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        full = layer(x)
+        for m in (1, 2, 3, 4, 5, 7, 8, 13, 33, 70):
+            for start in (0, 1, 70 - m):
+                assert torch.equal(layer(x[start : start + m]), full[start : start + m]), (m, start)
+    finally:
+        torch.set_num_threads(before)
+    torch.set_num_threads(1)
+    try:
+        assert torch.equal(layer(x), full)  # and the thread count does not matter either
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_leading_dims_dtype_and_bad_shapes() -> None:
+    w, bias, x = _case(m=6)
+    layer = Q8Linear(w, bias)
+    assert torch.equal(layer(x.view(2, 3, -1)), layer(x).view(2, 3, -1))
+    with pytest.raises(ValueError, match="divisible by 32"):
+        Q8Linear(torch.randn(4, 40), None)
+    with pytest.raises(RuntimeError, match=r"scales must be float32 \[N, K/32\]"):
+        layer.kernels.q8_linear(torch.randn(2, 64), layer.q, layer.scale, None)
+
+
+def test_zero_rows_and_all_zero_blocks() -> None:
+    w, _, x = _case(m=3)
+    x[1] = 0  # amax 0: the block's scale is 0, the row's output is exactly the bias
+    layer = Q4Linear(w, torch.arange(70.0))
+    y = layer(x)
+    assert torch.equal(y[1], torch.arange(70.0))
+    assert layer(x[:0]).shape == (0, 70)
