@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -65,6 +66,8 @@ def _compile() -> ModuleType:
 
     out = cache_dir()
     out.mkdir(parents=True, exist_ok=True)
+    if not any(out.glob("*.so")):  # say why the first load pauses
+        print("specserve: compiling the low-bit CPU kernels (first use, ~1 min)", file=sys.stderr)
     try:
         return build(
             name="specserve_lowbit",
