@@ -11,7 +11,7 @@ on the faster one, trying the other again every RETRY forwards of that bucket.
 Safe for exactness because the kernels on the hot path give the same bits on any thread
 count: our low-bit kernels compute each output on one thread; oneDNN's packed float32
 linears and the attention were checked bit for bit, 1 vs 2 threads
-(tests/engine/test_threads.py).
+(tests/engine/test_threads.py; the real 0.5B in tests/real/test_threads_real.py).
 """
 
 from __future__ import annotations
@@ -41,12 +41,13 @@ class ThreadTuner:
         b = self.bucket(rows)
         n = self._count.get(b, 0)
         self._count[b] = n + 1
-        unmeasured = [t for t in self.options if len(self._times.get((b, t), ())) < 2]
-        if unmeasured:
-            threads = unmeasured[0]
+        preferred = self.best(rows)
+        if preferred is None:  # time each count twice first
+            threads = next(t for t in self.options if len(self._times.get((b, t), ())) < 2)
+        elif n % RETRY == RETRY - 1:  # now and then the other, in case the load changed
+            threads = next((t for t in self.options if t != preferred), preferred)
         else:
-            ranked = sorted(self.options, key=lambda t: statistics.median(self._times[(b, t)]))
-            threads = ranked[-1] if n % RETRY == RETRY - 1 else ranked[0]
+            threads = preferred
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
         return threads

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 
 from specserve.loading.model import linear_modes, load_model
 from specserve.models.batch import FlatBatch
-from specserve.models.layers.lowbit import LowbitLinear
-from specserve.models.layers.quant import GROUP, Int4Linear, Int8Linear, _int4_groups, auto_mode
+from specserve.models.layers.lowbit import LowbitLinear, int4_groups
+from specserve.models.layers.quant import GROUP, Int4Linear, Int8Linear, auto_mode
 from specserve.ops.cpu.build import problem
 from tests.tiny import VOCAB, make_hf_model
 from tests.tiny_gguf import write_gguf
@@ -34,7 +34,7 @@ def test_int8_uses_per_channel_rounded_weights() -> None:
 def test_int4_uses_groupwise_min_max_weights() -> None:
     w, x = _weight_and_input()
     layer = Int4Linear(w, torch.ones(96))
-    q, scale, low = _int4_groups(w)
+    q, scale, low = int4_groups(w)
     dequant = (q.view(96, -1, GROUP).float() * scale[..., None] + low[..., None]).view(96, 128)
     assert (dequant - w).abs().max() <= scale.max() / 2 + 1e-6
     want = F.linear(x.bfloat16().float(), dequant) + 1

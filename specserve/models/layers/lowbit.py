@@ -1,10 +1,11 @@
 """float32 linears on our own AVX2 low-bit kernels (ops/cpu/lowbit.cpp).
 
 The weights stay in blocks of 32 inputs in memory (q8: int8 + one scale, 1.125 bytes per
-weight; q4: 4-bit + scale and low, 0.75 bytes) and are turned into float32 in registers, so
-a decode step reads a quarter (q8) or under a fifth (q4) of float32's bytes. A row's result
-never depends on the other rows of the call (the kernel's design; tests/models/test_lowbit.py),
-so these layers are batch-invariant as they stand.
+weight; q4: 4-bit + scale and low, 0.75 bytes), so a decode step reads a quarter (q8) or
+under a fifth (q4) of float32's bytes. The kernel quantizes each activation row to int8 per
+block and runs the block dot products on integers, as llama.cpp does on CPUs. A row's
+result never depends on the other rows of the call (the kernel's design;
+tests/models/test_lowbit.py), so these layers are batch-invariant as they stand.
 
 From a GGUF, Q8_0 weights come back exactly (dequantized Q8_0 values are d * q with d the
 block's absmax / 127, which is what the requantization finds again); other types are
@@ -30,15 +31,23 @@ def q8_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.view(n, k).contiguous(), scale.contiguous()
 
 
+def int4_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w: [N, K] -> q: [N, K] int32 in 0..15, scale and low: [N, K/32] (w ~ q * scale + low)."""
+    n, k = w.shape
+    g = w.float().view(n, k // GROUP, GROUP)
+    low, high = g.amin(dim=-1), g.amax(dim=-1)
+    scale = ((high - low) / 15).clamp_min(1e-12)
+    q = torch.round((g - low[..., None]) / scale[..., None]).clamp(0, 15)
+    return q.to(torch.int32).view(n, k), scale, low
+
+
 def q4_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """w: [N, K] -> packed: [N, K/2] uint8, scale and low: [N, K/32] (w ~ q * scale + low).
     A block's byte i holds element i (low nibble) and element i + 16 (high nibble)."""
     n, k = w.shape
-    g = w.float().view(n, k // GROUP, GROUP)
-    low, high = g.amin(dim=-1), g.amax(dim=-1)
-    scale = ((high - low) / 15).clamp_min(1e-30)
-    q = torch.round((g - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8)
-    packed = q[..., : GROUP // 2] | (q[..., GROUP // 2 :] << 4)
+    q, scale, low = int4_groups(w)
+    g = q.to(torch.uint8).view(n, k // GROUP, GROUP)
+    packed = g[..., : GROUP // 2] | (g[..., GROUP // 2 :] << 4)
     return packed.reshape(n, k // 2).contiguous(), scale.contiguous(), low.contiguous()
 
 

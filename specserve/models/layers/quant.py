@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specserve.models.layers.lowbit import Q4Linear, Q8Linear
+from specserve.models.layers.lowbit import Q4Linear, Q8Linear, int4_groups
 
 GROUP = 32
 WEIGHT_MODES = ("auto", "dequant", "int8", "int4")
@@ -67,7 +67,7 @@ class Int4Linear(nn.Module):
         n, k = weight.shape
         if k % GROUP:
             raise ValueError(f"int4 needs in_features divisible by {GROUP}, got {k}")
-        q, scale, low = _int4_groups(weight.float())
+        q, scale, low = int4_groups(weight.float())
         # torch's format reads w = (q - 8) * scale + zero, so zero = low + 8 * scale
         zero = low + 8 * scale
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
@@ -87,24 +87,14 @@ class Int4Linear(nn.Module):
         return y.reshape(*shape[:-1], -1).to(x.dtype)
 
 
-def _int4_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """w: [N, K] -> q: [N, K] int32 in 0..15, scale and low: [N, K/32] (w ~ q * scale + low)."""
-    n, k = w.shape
-    g = w.view(n, k // GROUP, GROUP)
-    low, high = g.amin(dim=-1), g.amax(dim=-1)
-    scale = ((high - low) / 15).clamp_min(1e-12)
-    q = torch.round((g - low[..., None]) / scale[..., None]).clamp(0, 15)
-    return q.to(torch.int32).view(n, k), scale, low
+_TORCH_KERNELS: dict[str, type[nn.Module]] = {"int8": Int8Linear, "int4": Int4Linear}
+_LOWBIT_KERNELS: dict[str, type[nn.Module]] = {"int8": Q8Linear, "int4": Q4Linear}
 
 
 def quantize_linear(linear: nn.Linear, mode: str, lowbit: bool = False) -> nn.Module:
     """lowbit: our float32-activation kernels instead of torch's bf16 ones."""
-    table = {"int8": Q8Linear, "int4": Q4Linear} if lowbit else _TORCH_KERNELS
-    cls = table[mode]
+    cls = (_LOWBIT_KERNELS if lowbit else _TORCH_KERNELS)[mode]
     return cls(linear.weight.detach(), None if linear.bias is None else linear.bias.detach())
-
-
-_TORCH_KERNELS: dict[str, type[nn.Module]] = {"int8": Int8Linear, "int4": Int4Linear}
 
 
 def swap_linears(model: nn.Module, modes: dict[str, str], lowbit: bool = False) -> None:

@@ -158,8 +158,15 @@ constexpr int ROWS = 4;
 // rows in chunks that stay in cache while a thread walks its outputs
 constexpr int64_t ROW_CHUNK = 32;
 
+// y = x @ W^T + bias for a whole call: quantize x's rows, then walk W's outputs.
 template <class W>
-void run(const W& wt, const QuantRows& x, int64_t M, int64_t n_out, const float* bias, float* yp) {
+torch::Tensor run(const W& wt, const torch::Tensor& x_in, int64_t n_out,
+                  const c10::optional<torch::Tensor>& b) {
+  const int64_t M = x_in.size(0);
+  auto y = torch::empty({M, n_out}, x_in.options());
+  const QuantRows x = quantize_rows(x_in);
+  const float* bias = b ? b->data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
   const int64_t tiles = (n_out + COLS - 1) / COLS;
   // about 64K weights per task: small matrices stay on one thread
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / (x.K * COLS));
@@ -180,6 +187,7 @@ void run(const W& wt, const QuantRows& x, int64_t M, int64_t n_out, const float*
       }
     }
   });
+  return y;
 }
 
 void check_input(const torch::Tensor& x, const torch::Tensor& s,
@@ -204,11 +212,8 @@ torch::Tensor q8_linear(torch::Tensor x, torch::Tensor q, torch::Tensor s,
   TORCH_CHECK(q.scalar_type() == torch::kInt8 && q.is_contiguous() && q.dim() == 2 &&
                   q.size(1) == x.size(1) && q.size(0) == s.size(0),
               "q8_linear: q must be int8 [N, K]");
-  auto y = torch::empty({x.size(0), q.size(0)}, x.options());
-  const QuantRows xq = quantize_rows(x);
   const Q8 wt{q.data_ptr<int8_t>(), s.data_ptr<float>(), q.size(1), s.size(1)};
-  run(wt, xq, x.size(0), q.size(0), bias ? bias->data_ptr<float>() : nullptr, y.data_ptr<float>());
-  return y;
+  return run(wt, x, q.size(0), bias);
 }
 
 torch::Tensor q4_linear(torch::Tensor x, torch::Tensor q, torch::Tensor s, torch::Tensor low,
@@ -221,12 +226,9 @@ torch::Tensor q4_linear(torch::Tensor x, torch::Tensor q, torch::Tensor s, torch
   TORCH_CHECK(low.sizes() == s.sizes() && low.scalar_type() == torch::kFloat32 &&
                   low.is_contiguous(),
               "q4_linear: low must be float32 like the scales");
-  auto y = torch::empty({x.size(0), q.size(0)}, x.options());
-  const QuantRows xq = quantize_rows(x);
   const Q4 wt{q.data_ptr<uint8_t>(), s.data_ptr<float>(), low.data_ptr<float>(), q.size(1),
               s.size(1)};
-  run(wt, xq, x.size(0), q.size(0), bias ? bias->data_ptr<float>() : nullptr, y.data_ptr<float>());
-  return y;
+  return run(wt, x, q.size(0), bias);
 }
 
 }  // namespace
