@@ -23,21 +23,22 @@ def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _reference_q8(x: torch.Tensor, layer: Q8Linear) -> torch.Tensor:
     """Exact integer block dot products, then scaled and summed in float64."""
     qx, dx = _quantize_rows(x)
-    n, k = layer.q.shape
-    qw = layer.q.view(n, k // GROUP, GROUP).double()
+    q, scale = layer.blocks()
+    n, k = q.shape
+    qw = q.view(n, k // GROUP, GROUP).double()
     dots = torch.einsum("mbj,nbj->mnb", qx.double(), qw)  # integers, exact in float64
-    return (dots * dx.double()[:, None, :] * layer.scale.double()[None]).sum(-1)
+    return (dots * dx.double()[:, None, :] * scale.double()[None]).sum(-1)
 
 
 def _reference_q4(x: torch.Tensor, layer: Q4Linear) -> torch.Tensor:
     qx, dx = _quantize_rows(x)
-    n = layer.q.shape[0]
-    packed = layer.q.view(n, -1, GROUP // 2)
+    q, scale, low = layer.blocks()
+    packed = q.view(q.shape[0], -1, GROUP // 2)
     qw = torch.cat([packed & 15, packed >> 4], dim=-1).double()  # element i, then i + 16
     dots = torch.einsum("mbj,nbj->mnb", qx.double(), qw)
     xsum = (qx.sum(-1) * dx).double()  # what multiplies each block's low
-    scaled = dots * dx.double()[:, None, :] * layer.scale.double()[None]
-    return (scaled + layer.low.double()[None] * xsum[:, None, :]).sum(-1)
+    scaled = dots * dx.double()[:, None, :] * scale.double()[None]
+    return (scaled + low.double()[None] * xsum[:, None, :]).sum(-1)
 
 
 def _case(n: int = 70, k: int = 160, m: int = 9) -> tuple[torch.Tensor, ...]:
@@ -59,6 +60,17 @@ def test_q8_blocks_give_gguf_q8_0_weights_back_exactly() -> None:
     got_q, got_d = q8_blocks(w)
     assert torch.equal(got_q.long().view_as(q), q)
     assert torch.equal(got_d, d)
+
+
+@pytest.mark.parametrize("cls", [Q8Linear, Q4Linear])
+def test_records_hold_the_blocks(cls: type) -> None:
+    # 70 outputs: the last tile of 4 is padded with 2 zero outputs
+    w, _, _ = _case()
+    layer = cls(w, None)
+    want = q8_blocks(w) if cls is Q8Linear else q4_blocks(w)
+    assert layer.records.shape[0] == 18
+    for got, expected in zip(layer.blocks(), want, strict=True):
+        assert torch.equal(got, expected)
 
 
 def test_q4_blocks_round_within_half_a_step() -> None:
@@ -86,8 +98,8 @@ def test_kernel_computes_the_quantized_arithmetic(cls: type) -> None:
 @pytest.mark.parametrize("cls", [Q8Linear, Q4Linear])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_row_does_not_depend_on_the_rows_beside_it(cls: type, threads: int) -> None:
-    # tiles are 4 outputs x 1 row (one row) or 2 outputs x up to 4 rows; 70 outputs leave a
-    # tail of 2; row counts cover every tile remainder and the 32-row chunking
+    # tiles are 4 outputs x up to 4 rows; 70 outputs leave a padded tile of 2; row counts
+    # cover every tile remainder
     w, bias, x = _case(m=70)
     layer = cls(w, bias)
     before = torch.get_num_threads()
@@ -112,8 +124,8 @@ def test_leading_dims_dtype_and_bad_shapes() -> None:
     assert torch.equal(layer(x.view(2, 3, -1)), layer(x).view(2, 3, -1))
     with pytest.raises(ValueError, match="divisible by 32"):
         Q8Linear(torch.randn(4, 40), None)
-    with pytest.raises(RuntimeError, match=r"scales must be float32 \[N, K/32\]"):
-        layer.kernels.q8_linear(torch.randn(2, 64), layer.q, layer.scale, None)
+    with pytest.raises(RuntimeError, match=r"records must be uint8 \[ceil\(N/4\), K/32, 144\]"):
+        layer.kernels.q8_linear(torch.randn(2, 64), layer.records, 70, None)
 
 
 def test_zero_rows_and_all_zero_blocks() -> None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from specserve.models.batch import FlatBatch
+from specserve.ops.cpu.build import problem
 from specserve.ops.fast.attention import cached_attention as fast
 from specserve.ops.naive.attention import cached_attention as naive
 
@@ -32,3 +33,30 @@ def test_fast_equals_naive(case: tuple, heads: tuple[int, int]) -> None:
     want = naive(q, k_cache, v_cache, batch, 0.3, window)
     got = fast(q, k_cache, v_cache, batch, 0.3, window)
     assert (got - want).abs().max().item() < 1e-12
+
+
+@pytest.mark.skipif(problem() is not None, reason=f"CPU kernels: {problem()}")
+@pytest.mark.parametrize("case", CASES.values(), ids=list(CASES))
+@pytest.mark.parametrize("shape", [(14, 2, 64), (4, 1, 256), (2, 2, 128)], ids=str)
+def test_cpu_kernel_matches_the_reference_and_is_row_invariant(
+    case: tuple, shape: tuple[int, int, int]
+) -> None:
+    # float32 runs ops/cpu/attention.cpp: close to the float64 reference, and every row
+    # equals the same row computed alone (so batch composition cannot change it)
+    slots, starts, lens, window = case
+    H, hkv, D = shape
+    g = torch.Generator().manual_seed(1)
+    k_cache = torch.randn(3, 80, hkv, D, generator=g)
+    v_cache = torch.randn(3, 80, hkv, D, generator=g)
+    batch = FlatBatch.build(slots, starts, lens, torch.device("cpu"))
+    q = torch.randn(batch.num_tokens, H, D, generator=g) * 0.2
+    got = fast(q, k_cache, v_cache, batch, 0.125, window)
+    want = naive(q.double(), k_cache.double(), v_cache.double(), batch, 0.125, window)
+    assert (got.double() - want).abs().max().item() < 2e-6
+    row = 0
+    for slot, start, n in zip(slots, starts, lens, strict=True):
+        for t in range(n):
+            one = FlatBatch.build([slot], [start + t], [1], torch.device("cpu"))
+            alone = fast(q[row : row + 1], k_cache, v_cache, one, 0.125, window)
+            assert torch.equal(alone, got[row : row + 1]), (slot, t)
+            row += 1

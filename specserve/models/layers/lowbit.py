@@ -20,6 +20,7 @@ from torch import nn
 from specserve.ops.cpu.build import load
 
 GROUP = 32
+TILE = 4  # outputs per record (ops/cpu/lowbit.cpp's layout)
 
 
 def q8_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,6 +52,35 @@ def q4_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     return packed.reshape(n, k // 2).contiguous(), scale.contiguous(), low.contiguous()
 
 
+def tile_records(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Interleave per-block fields into the kernel's records.
+
+    parts: [N, K/32, bytes] each (e.g. the scale as 4 bytes, then the block's weights) ->
+    [ceil(N/4), K/32, 4 * sum(bytes)] uint8: for each tile of 4 outputs and each block, the
+    first part of the 4 outputs, then the second part of the 4, and so on. N is padded with
+    zero outputs."""
+    n, nb = parts[0].shape[:2]
+    pad = -n % TILE
+    fields = []
+    for part in parts:
+        b = part.contiguous().view(torch.uint8).reshape(n, nb, -1)
+        size = b.shape[-1]
+        b = torch.cat([b, b.new_zeros(pad, nb, size)]) if pad else b
+        fields.append(b.view(-1, TILE, nb, size).transpose(1, 2).reshape(-1, nb, TILE * size))
+    return torch.cat(fields, dim=-1).contiguous()
+
+
+def untile_records(records: torch.Tensor, n: int, sizes: list[int]) -> list[torch.Tensor]:
+    """The inverse of tile_records: [N, K/32, size] uint8 for each field size in bytes."""
+    t, nb, _ = records.shape
+    out, at = [], 0
+    for size in sizes:
+        field = records[..., at : at + TILE * size].reshape(t, nb, TILE, size)
+        out.append(field.transpose(1, 2).reshape(t * TILE, nb, size)[:n].contiguous())
+        at += TILE * size
+    return out
+
+
 class LowbitLinear(nn.Module):
     """Common shape handling; subclasses hold the blocks and call their kernel."""
 
@@ -61,6 +91,7 @@ class LowbitLinear(nn.Module):
             raise ValueError(f"low-bit kernels need in_features divisible by {GROUP}")
         self.kernels = load()
         self.bias = None if bias is None else nn.Parameter(bias.float().contiguous(), False)
+        self.records: torch.Tensor  # the kernel's tiled blocks (a buffer, set by subclasses)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
@@ -78,20 +109,32 @@ class Q8Linear(LowbitLinear):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__(weight, bias)
         q, scale = q8_blocks(weight)
-        self.register_buffer("q", q)
-        self.register_buffer("scale", scale)
+        nb = self.in_features // GROUP
+        records = tile_records([scale[..., None], q.view(-1, nb, GROUP)])
+        self.register_buffer("records", records)
+
+    def blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q [N, K] int8, scale [N, K/32]) back from the records, as q8_blocks gave them."""
+        scale, q = untile_records(self.records, self.out_features, [4, GROUP])
+        return q.view(torch.int8).view(self.out_features, -1), scale.view(torch.float32)[..., 0]
 
     def matmul(self, rows: torch.Tensor) -> torch.Tensor:
-        return self.kernels.q8_linear(rows, self.q, self.scale, self.bias)
+        return self.kernels.q8_linear(rows, self.records, self.out_features, self.bias)
 
 
 class Q4Linear(LowbitLinear):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__(weight, bias)
         q, scale, low = q4_blocks(weight)
-        self.register_buffer("q", q)
-        self.register_buffer("scale", scale)
-        self.register_buffer("low", low)
+        nb = self.in_features // GROUP
+        parts = [scale[..., None], low[..., None], q.view(-1, nb, GROUP // 2)]
+        self.register_buffer("records", tile_records(parts))
+
+    def blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(packed [N, K/2] uint8, scale, low [N, K/32]) back from the records."""
+        scale, low, q = untile_records(self.records, self.out_features, [4, 4, GROUP // 2])
+        f32 = torch.float32
+        return q.view(self.out_features, -1), scale.view(f32)[..., 0], low.view(f32)[..., 0]
 
     def matmul(self, rows: torch.Tensor) -> torch.Tensor:
-        return self.kernels.q4_linear(rows, self.q, self.scale, self.low, self.bias)
+        return self.kernels.q4_linear(rows, self.records, self.out_features, self.bias)

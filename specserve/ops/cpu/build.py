@@ -1,4 +1,5 @@
-"""Build lowbit.cpp on first use and cache the library under ~/.cache/specserve/ext.
+"""Build the CPU kernels (lowbit.cpp, attention.cpp) on first use and cache the library under
+~/.cache/specserve/ext.
 
 The kernels need AVX2 + FMA and a C++ compiler (gcc is on every machine this project
 targets). `load()` raises a SpecserveError that says which of the two is missing, so
@@ -18,7 +19,8 @@ from types import ModuleType
 
 from specserve.errors import SpecserveError
 
-SOURCE = Path(__file__).with_name("lowbit.cpp")
+HERE = Path(__file__).parent
+SOURCES = [HERE / "module.cpp", HERE / "lowbit.cpp", HERE / "attention.cpp"]
 # -ffp-contract=off: gcc would otherwise fuse a*b+c into an FMA in some tile shapes and
 # not in others, and a row's result would depend on the tile it lands in
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off"]
@@ -27,8 +29,9 @@ FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off"]
 def cache_dir() -> Path:
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     # one folder per source version: an edit rebuilds instead of loading a stale library
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:12]
-    return root / "specserve" / "ext" / f"lowbit-{digest}"
+    text = b"".join(p.read_bytes() for p in [*SOURCES, HERE / "kernels.h"])
+    digest = hashlib.sha256(text + " ".join(FLAGS).encode()).hexdigest()[:12]
+    return root / "specserve" / "ext" / f"cpu-{digest}"
 
 
 def cpu_has_avx2() -> bool:
@@ -57,28 +60,28 @@ def _build() -> ModuleType | SpecserveError:
 
 def _compile() -> ModuleType:
     if not cpu_has_avx2():
-        raise SpecserveError("the low-bit CPU kernels need a CPU with AVX2 and FMA")
+        raise SpecserveError("specserve's CPU kernels need a CPU with AVX2 and FMA")
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         raise SpecserveError(
-            "the low-bit CPU kernels are built on first use and need a C++ compiler"
+            "specserve's CPU kernels are built on first use and need a C++ compiler"
         )
     from torch.utils.cpp_extension import load as build
 
     out = cache_dir()
     out.mkdir(parents=True, exist_ok=True)
     if not any(out.glob("*.so")):  # say why the first load pauses
-        print("specserve: compiling the low-bit CPU kernels (first use, ~1 min)", file=sys.stderr)
+        print("specserve: compiling the CPU kernels (first use, ~1 min)", file=sys.stderr)
     try:
         return build(
-            name="specserve_lowbit",
-            sources=[str(SOURCE)],
+            name="specserve_cpu",
+            sources=[str(p) for p in SOURCES],
             extra_cflags=FLAGS,
             extra_ldflags=["-fopenmp"],
             build_directory=str(out),
             verbose=False,
         )
     except (RuntimeError, OSError) as e:
-        raise SpecserveError(f"building the low-bit CPU kernels failed: {e}") from e
+        raise SpecserveError(f"building specserve's CPU kernels failed: {e}") from e
 
 
 def problem() -> str | None:

@@ -1,6 +1,8 @@
 """Attention over the slot KV cache for decode and verification (1..64 new tokens a slot).
 
-Same signature and result as ops/naive/attention.py, cheaper on CPU:
+Same signature and result as ops/naive/attention.py, cheaper on CPU. float32 on a CPU
+runs ops/cpu/attention.cpp when it builds: every row alone, so batch-invariant whatever
+`per_row` says. Otherwise SDPA, with:
 - grouped-query heads are folded into the query rows ([Hkv, group * n, D]) instead of
   repeating K and V per query head, so no copy of the cache is made;
 - a single new token with no sliding window needs no mask at all.
@@ -16,7 +18,18 @@ import torch
 import torch.nn.functional as F
 
 from specserve.models.batch import FlatBatch
+from specserve.ops.cpu.build import available, load
 from specserve.ops.naive.attention import visible_mask
+
+
+def _kernel_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    return (
+        q.device.type == "cpu"
+        and q.dtype == torch.float32
+        and k_cache.dtype == torch.float32
+        and q.shape[-1] % 64 == 0
+        and available()
+    )
 
 
 def cached_attention(
@@ -29,6 +42,17 @@ def cached_attention(
     per_row: bool = False,
 ) -> torch.Tensor:
     """q: [T, H, D]; k_cache, v_cache: [n_slots, max_len, Hkv, D] -> [T, H, D]."""
+    if _kernel_fits(q, k_cache):
+        return load().cached_attention(
+            q.contiguous(),
+            k_cache,
+            v_cache,
+            batch.slots,
+            batch.cu_seqlens,
+            batch.positions,
+            scale,
+            window or 0,
+        )
     if per_row:
         return _per_row(q, k_cache, v_cache, batch, scale, window)
     T, H, D = q.shape
