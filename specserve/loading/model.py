@@ -18,7 +18,7 @@ from specserve.loading.sources import resolve_model
 from specserve.loading.tokenizer import Tokenizer, load_tokenizer
 from specserve.models import registry
 from specserve.models.config import ModelConfig
-from specserve.models.layers.lowbit import LowbitLinear
+from specserve.models.layers.lowbit import LowbitLinear, fuse_lowbit
 from specserve.models.layers.packed import pack_linears
 from specserve.models.layers.quant import (
     WEIGHT_MODES,
@@ -148,7 +148,7 @@ def load_model(
     weights: str = "dequant",
     prepack: bool = True,
 ) -> LoadedModel:
-    """weights: dequant (float weights in `dtype`), int8, int4, or auto (each tensor on the
+    """weights: dequant (float weights in `dtype`), int8, int5, int4, or auto (each tensor on the
     kernel nearest its GGUF precision; float tensors stay float).
     prepack: float32 linears on CPU run on oneDNN's pre-packed weights (layers/packed.py)."""
     path = resolve_model(spec)
@@ -166,13 +166,16 @@ def load_model(
     quantized = weights != "dequant"
     if quantized and torch.device(device).type != "cpu":
         raise SpecserveError(
-            "--weights int8/int4/auto runs on torch's CPU kernels; use dequant on GPU"
+            "--weights int8/int5/int4/auto runs on torch's CPU kernels; use dequant on GPU"
         )
     # quantize from float32, not from weights already rounded to the compute dtype
     model = build_model(cfg, tensors, torch.float32 if quantized else compute, device, progress)
     if quantized:
         modes = linear_modes(model, weights, types)
-        swap_linears(model, modes, lowbit=_use_lowbit(compute, device))
+        lowbit = _use_lowbit(compute, device)
+        swap_linears(model, modes, lowbit=lowbit)
+        if lowbit:
+            fuse_lowbit(model)
         _cast_floats(model, compute)
     if prepack:
         pack_linears(model)  # only float32 CPU linears; a no-op otherwise

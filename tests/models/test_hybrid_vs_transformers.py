@@ -1,10 +1,12 @@
 """Qwen3-Next and Qwen3.5 (hybrid Gated DeltaNet + gated attention) equal transformers'
 implementations: logits of a 100-token prompt, then of incremental decoding after it.
 
-float32, atol 1e-5: transformers runs the delta rule, its norms and the router softmax in
-float32 internally, so float32 is where the two can be compared op for op, on the same
-GEMM kernel (F.linear: --no-prepack). With oneDNN's pre-packed weights (the CPU default)
-the products sum in another order: atol 5e-5."""
+float32: transformers runs the delta rule, its norms and the router softmax in float32
+internally, so float32 is where the two can be compared closely. Our float32 CPU path sums
+in other orders than torch's ops: RMSNorm, rotary and attention on ops/cpu kernels
+(pointwise.cpp, attention.cpp), and with oneDNN's pre-packed weights (the CPU default) the
+GEMMs too. Those are rounding differences of ~1e-7 per op; over the layers the logits
+differ by up to ~2e-5 (measured 1.6e-5 on F.linear): atol 3e-5 there, 5e-5 packed."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from tests.tiny_hybrid import HYBRID_ARCHS, write_hybrid_folder
 
 PROMPT = 100
 DECODE = 8
-ATOL = {False: 1e-5, True: 5e-5}  # by prepack
+ATOL = {False: 3e-5, True: 5e-5}  # by prepack
 
 
 @pytest.mark.parametrize("prepack", [False, True])

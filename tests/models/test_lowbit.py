@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specserve.models.layers.lowbit import GROUP, Q4Linear, Q8Linear, q4_blocks, q8_blocks
+from specserve.models.layers.lowbit import (
+    GROUP,
+    Q4Linear,
+    Q5Linear,
+    Q8Linear,
+    q4_blocks,
+    q5_blocks,
+    q8_blocks,
+)
 from specserve.ops.cpu.build import problem
 
 pytestmark = pytest.mark.skipif(problem() is not None, reason=f"low-bit kernels: {problem()}")
@@ -30,11 +38,22 @@ def _reference_q8(x: torch.Tensor, layer: Q8Linear) -> torch.Tensor:
     return (dots * dx.double()[:, None, :] * scale.double()[None]).sum(-1)
 
 
-def _reference_q4(x: torch.Tensor, layer: Q4Linear) -> torch.Tensor:
+def _q5_values(packed: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """[N, K/2] nibbles and [N, K/32] high-bit words -> q [N, K/32, 32] in 0..31."""
+    nib = packed.view(packed.shape[0], -1, GROUP // 2).long()
+    bits = (high.long()[..., None] >> torch.arange(GROUP)) & 1
+    return torch.cat([nib & 15, nib >> 4], dim=-1) + 16 * bits
+
+
+def _reference_low(x: torch.Tensor, layer: Q4Linear | Q5Linear) -> torch.Tensor:
     qx, dx = _quantize_rows(x)
-    q, scale, low = layer.blocks()
-    packed = q.view(q.shape[0], -1, GROUP // 2)
-    qw = torch.cat([packed & 15, packed >> 4], dim=-1).double()  # element i, then i + 16
+    if isinstance(layer, Q5Linear):
+        q, high, scale, low = layer.blocks()
+        qw = _q5_values(q, high).double()
+    else:
+        q, scale, low = layer.blocks()
+        packed = q.view(q.shape[0], -1, GROUP // 2)
+        qw = torch.cat([packed & 15, packed >> 4], dim=-1).double()  # element i, then i + 16
     dots = torch.einsum("mbj,nbj->mnb", qx.double(), qw)
     xsum = (qx.sum(-1) * dx).double()  # what multiplies each block's low
     scaled = dots * dx.double()[:, None, :] * scale.double()[None]
@@ -62,12 +81,27 @@ def test_q8_blocks_give_gguf_q8_0_weights_back_exactly() -> None:
     assert torch.equal(got_d, d)
 
 
-@pytest.mark.parametrize("cls", [Q8Linear, Q4Linear])
+BLOCKS = {Q8Linear: q8_blocks, Q4Linear: q4_blocks, Q5Linear: q5_blocks}
+
+
+def test_q5_blocks_give_gguf_q5_0_weights_back_exactly() -> None:
+    # Q5_0: w = d * (q - 16), q in 0..31; the element of largest magnitude has q = 0
+    g = torch.Generator().manual_seed(0)
+    q = torch.randint(0, 32, (8, 4, GROUP), generator=g)
+    q[..., 5] = 0
+    d = ((torch.rand(8, 4, generator=g) - 0.5) * 0.02).half().float()  # either sign
+    w = (d[..., None] * (q.float() - 16)).view(8, 4 * GROUP)
+    packed, high, scale, low = q5_blocks(w)
+    assert torch.equal(_q5_values(packed, high), q)
+    assert torch.equal(scale, d) and torch.equal(low, -16 * d)
+
+
+@pytest.mark.parametrize("cls", list(BLOCKS))
 def test_records_hold_the_blocks(cls: type) -> None:
     # 70 outputs: the last tile of 4 is padded with 2 zero outputs
     w, _, _ = _case()
     layer = cls(w, None)
-    want = q8_blocks(w) if cls is Q8Linear else q4_blocks(w)
+    want = BLOCKS[cls](w)
     assert layer.records.shape[0] == 18
     for got, expected in zip(layer.blocks(), want, strict=True):
         assert torch.equal(got, expected)
@@ -81,11 +115,11 @@ def test_q4_blocks_round_within_half_a_step() -> None:
     assert ((back - w).abs().view(70, -1, GROUP) <= scale[..., None] / 2 + 1e-6).all()
 
 
-@pytest.mark.parametrize("cls", [Q8Linear, Q4Linear])
+@pytest.mark.parametrize("cls", list(BLOCKS))
 def test_kernel_computes_the_quantized_arithmetic(cls: type) -> None:
     w, bias, x = _case()
     layer = cls(w, bias)
-    ref = (_reference_q8 if cls is Q8Linear else _reference_q4)(x, layer) + bias.double()
+    ref = (_reference_q8 if cls is Q8Linear else _reference_low)(x, layer) + bias.double()
     got = layer(x).double()
     assert torch.allclose(got, ref, rtol=1e-5, atol=1e-4), (got - ref).abs().max()
     # and the quantized product stays near the float one
@@ -95,7 +129,7 @@ def test_kernel_computes_the_quantized_arithmetic(cls: type) -> None:
     )
 
 
-@pytest.mark.parametrize("cls", [Q8Linear, Q4Linear])
+@pytest.mark.parametrize("cls", list(BLOCKS))
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_row_does_not_depend_on_the_rows_beside_it(cls: type, threads: int) -> None:
     # tiles are 4 outputs x up to 4 rows; 70 outputs leave a padded tile of 2; row counts
@@ -135,3 +169,48 @@ def test_zero_rows_and_all_zero_blocks() -> None:
     y = layer(x)
     assert torch.equal(y[1], torch.arange(70.0))
     assert layer(x[:0]).shape == (0, 70)
+
+
+def test_fused_q_k_v_and_gate_up_give_the_same_bits() -> None:
+    from torch import nn
+
+    from specserve.models.layers.lowbit import FusedPart, fuse_lowbit
+
+    g = torch.Generator().manual_seed(3)
+
+    def lin(cls: type, n: int, k: int, bias: bool) -> nn.Module:
+        w = torch.randn(n, k, generator=g)
+        return cls(w, torch.randn(n, generator=g) if bias else None)
+
+    attn, mlp, mixed = nn.Module(), nn.Module(), nn.Module()
+    attn.q, attn.k, attn.v = (
+        lin(Q8Linear, 64, 96, True),
+        lin(Q8Linear, 16, 96, False),
+        lin(Q8Linear, 16, 96, True),
+    )
+    mlp.gate, mlp.up = lin(Q4Linear, 40, 96, False), lin(Q4Linear, 40, 96, False)
+    mixed.gate, mixed.up = lin(Q4Linear, 40, 96, False), lin(Q8Linear, 40, 96, False)  # not fused
+    model = nn.ModuleList([attn, mlp, mixed])
+    x = torch.randn(5, 96, generator=g)
+    names = [
+        (attn, "q"),
+        (attn, "k"),
+        (attn, "v"),
+        (mlp, "gate"),
+        (mlp, "up"),
+        (mixed, "gate"),
+        (mixed, "up"),
+    ]
+    before = [getattr(m, n)(x) for m, n in names]
+    assert fuse_lowbit(model) == 2
+    assert isinstance(attn.q, FusedPart) and isinstance(mlp.up, FusedPart)
+    assert isinstance(mixed.gate, Q4Linear)
+    for (m, n), want in zip(names, before, strict=True):
+        assert torch.equal(getattr(m, n)(x), want), n
+    # a new input is computed afresh, also when only a later part is asked, and a part asked
+    # again (not the next one of a pass) does not reuse outputs of an input changed since
+    y = torch.randn(2, 96, generator=g)
+    assert torch.equal(attn.v(y), before_v := attn.v(y)) and before_v.shape == (2, 16)
+    q1 = attn.q(y).clone()
+    y.mul_(2)
+    assert not torch.equal(attn.q(y), q1)

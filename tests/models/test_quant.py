@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from specserve.loading.model import linear_modes, load_model
 from specserve.models.batch import FlatBatch
-from specserve.models.layers.lowbit import LowbitLinear, int4_groups
+from specserve.models.layers.lowbit import FusedPart, LowbitLinear, int4_groups
 from specserve.models.layers.quant import GROUP, Int4Linear, Int8Linear, auto_mode
 from specserve.ops.cpu.build import problem
 from tests.tiny import VOCAB, make_hf_model
@@ -43,7 +43,14 @@ def test_int4_uses_groupwise_min_max_weights() -> None:
 
 @pytest.mark.parametrize(
     ("gguf_type", "mode"),
-    [("Q4_K", "int4"), ("Q5_0", "int8"), ("Q6_K", "int8"), ("Q8_0", "int8"), ("F32", None)],
+    [
+        ("Q4_K", "int4"),
+        ("Q5_0", "int5"),
+        ("Q5_K", "int8"),
+        ("Q6_K", "int8"),
+        ("Q8_0", "int8"),
+        ("F32", None),
+    ],
 )
 def test_auto_maps_gguf_types_to_kernels(gguf_type: str, mode: str | None) -> None:
     assert auto_mode(gguf_type) == mode
@@ -57,6 +64,7 @@ def test_auto_maps_gguf_types_to_kernels(gguf_type: str, mode: str | None) -> No
         ("bfloat16", "auto"),
         # float32 runs on specserve's own kernels (layers/lowbit.py)
         pytest.param("float32", "int8", marks=needs_lowbit),
+        pytest.param("float32", "int5", marks=needs_lowbit),
         pytest.param("float32", "int4", marks=needs_lowbit),
     ],
 )
@@ -66,7 +74,10 @@ def test_quantized_model_stays_close_to_float(dtype: str, weights: str, tmp_path
     exact = load_model(path, "float32", with_tokenizer=False).model
     quant = load_model(path, dtype, with_tokenizer=False, weights=weights).model
     kind = LowbitLinear if dtype == "float32" else Int4Linear | Int8Linear
-    n_quant = sum(isinstance(m, kind) for m in quant.modules())
+    # a fused group (q/k/v, gate/up: one kernel call) counts once per linear it stands for
+    n_quant = sum(
+        isinstance(m, kind) and not name.endswith(".inner") for name, m in quant.named_modules()
+    ) + sum(isinstance(m, FusedPart) for m in quant.modules())
     # the tiny GGUF holds float32 tensors, so auto keeps them float
     assert n_quant == (0 if weights == "auto" else 3 * 7 + 1)
     tokens = torch.randint(0, VOCAB, (16,), generator=torch.Generator().manual_seed(1))

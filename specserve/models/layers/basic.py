@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specserve.ops.cpu.build import kernels_for
+
 
 class RMSNorm(nn.Module):
     """y = x / rms(x) * w over the last dim.
@@ -21,6 +23,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kernels = kernels_for(x) if self.weight.dtype == torch.float32 else None
+        if kernels is not None and x.shape[-1] % 8 == 0:
+            return kernels.rms_norm(x, self.weight, self.eps)  # ops/cpu/pointwise.cpp
         h = x.float() if x.element_size() < 4 else x
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return (h * self.weight.to(h.dtype)).to(x.dtype)
@@ -60,6 +65,9 @@ class RotaryEmbedding(nn.Module):
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [T, H, D]; cos, sin: [T, 1, D]."""
+    kernels = kernels_for(x) if cos.dtype == torch.float32 else None
+    if kernels is not None:
+        return kernels.rotary(x, cos, sin)  # ops/cpu/pointwise.cpp
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin

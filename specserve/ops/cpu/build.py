@@ -1,9 +1,9 @@
-"""Build the CPU kernels (lowbit.cpp, attention.cpp) on first use and cache the library under
-~/.cache/specserve/ext.
+"""Build the CPU kernels (lowbit.cpp, attention.cpp, pointwise.cpp) on first use and cache
+the library under ~/.cache/specserve/ext.
 
 The kernels need AVX2 + FMA and a C++ compiler (gcc is on every machine this project
 targets). `load()` raises a SpecserveError that says which of the two is missing, so
-`--weights int8/int4/auto` fails with a reason instead of a stack trace; callers that can
+`--weights int8/int5/int4/auto` fails with a reason instead of a stack trace; callers that can
 fall back ask `available()` first.
 """
 
@@ -17,10 +17,12 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
+import torch
+
 from specserve.errors import SpecserveError
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "module.cpp", HERE / "lowbit.cpp", HERE / "attention.cpp"]
+SOURCES = [HERE / name for name in ("module.cpp", "lowbit.cpp", "attention.cpp", "pointwise.cpp")]
 # -ffp-contract=off: gcc would otherwise fuse a*b+c into an FMA in some tile shapes and
 # not in others, and a row's result would depend on the tile it lands in
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off"]
@@ -95,3 +97,12 @@ def problem() -> str | None:
 
 def available() -> bool:
     return problem() is None
+
+
+def kernels_for(t: torch.Tensor) -> ModuleType | None:
+    """The kernels when `t` is a float32 CPU tensor and they build here; None otherwise
+    (the caller then takes its torch path)."""
+    if t.dtype != torch.float32 or t.device.type != "cpu":
+        return None
+    result = _build()
+    return None if isinstance(result, SpecserveError) else result

@@ -3,6 +3,8 @@
 //   q8: W = s * q,        q int8,  one float32 scale per block (GGUF Q8_0's own layout)
 //   q4: W = s * q + low,  q 0..15, one float32 scale and low per block; a block's 16 bytes
 //       hold element i in the low nibble of byte i and element i + 16 in its high nibble.
+//   q5: W = s * q + low,  q 0..31: q4's nibbles plus each element's fifth bit (GGUF
+//       Q5_0's values come back exactly: low = -16 s).
 //
 // Why a kernel of our own: one decode step reads every weight once, so its time is weight
 // bytes / memory bandwidth. torch's float32 path reads 4 bytes per weight; its int8/int4 CPU
@@ -13,6 +15,7 @@
 // zero outputs), and for each tile and block one record holding the 4 outputs' block:
 //   q8: float s[4]; int8 q[4][32]                  144 bytes
 //   q4: float s[4]; float low[4]; uint8 q[4][16]    96 bytes
+//   q5: q4's record, then uint8 fifth_bits[16]     112 bytes (layout at struct Q5)
 // stored [tile][block][record]. A thread walking its tiles reads one sequential stream,
 // which the prefetchers follow at full speed; with one row per output matrix, separate
 // scale arrays and 4 outputs read side by side, the same kernel reached half the
@@ -21,7 +24,7 @@
 // As llama.cpp does on CPUs, each row of x is first quantized to int8 in blocks of 32 (one
 // scale per block, round to nearest), and a block's dot product runs on integers
 // (maddubs + madd: 32 multiply-adds in two instructions). The 4 outputs' integer sums of a
-// block are gathered into one vector (hadd) and scaled into one float32 lane per output.
+// block are gathered into one vector (a transpose) and scaled into one float32 lane per output.
 //
 // Batch invariance by construction: y[m, n] is one vector lane that always runs the same
 // sequence of operations (row m quantized alone; blocks in order; acc = fma(dot, s * d,
@@ -118,12 +121,36 @@ struct Q4 {
   }
 };
 
-// The 4 outputs' integer dot products with one x block: [dot_0, dot_1, dot_2, dot_3].
+// q4's nibbles plus the fifth bits of the 4 outputs in 16 bytes: bit c of byte j is output
+// c's element j, bit c + 4 its element j + 16. Broadcast to both halves of a vector, one
+// AND + compare per output picks its bits (a 32-bit word per output took twice the work).
+struct Q5 : Q4 {
+  static constexpr int64_t RECORD = Q4::RECORD + 16;
+  inline void load(const uint8_t* r) {
+    Q4::load(r);
+    const __m256i planes = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + Q4::RECORD)));
+    const __m256i sixteen = _mm256_set1_epi8(16);
+    for (int c = 0; c < TILE; ++c) {
+      const __m256i bit = _mm256_setr_m128i(_mm_set1_epi8(static_cast<char>(1 << c)),
+                                            _mm_set1_epi8(static_cast<char>(1 << (c + 4))));
+      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(planes, bit), bit);
+      w[c] = _mm256_or_si256(w[c], _mm256_and_si256(set, sixteen));
+    }
+  }
+};
+
+// The 4 outputs' integer dot products with one x block: [dot_0, dot_1, dot_2, dot_3]. A
+// transpose by unpacks and adds (one uop each) instead of hadd (three uops on Zen 3), which
+// bounded the verification rows.
 template <class W>
 inline __m128i dots(const W& w, __m256i x) {
-  const __m256i d01 = _mm256_hadd_epi32(w.dot(0, x), w.dot(1, x));
-  const __m256i d23 = _mm256_hadd_epi32(w.dot(2, x), w.dot(3, x));
-  const __m256i h = _mm256_hadd_epi32(d01, d23);  // each 128-bit half: a partial of each dot
+  const __m256i d0 = w.dot(0, x), d1 = w.dot(1, x), d2 = w.dot(2, x), d3 = w.dot(3, x);
+  // per 128-bit half: [d0 d1 d0 d1] partials, then [d2 d3 d2 d3]
+  const __m256i s01 = _mm256_add_epi32(_mm256_unpacklo_epi32(d0, d1), _mm256_unpackhi_epi32(d0, d1));
+  const __m256i s23 = _mm256_add_epi32(_mm256_unpacklo_epi32(d2, d3), _mm256_unpackhi_epi32(d2, d3));
+  // per half: [d0 d1 d2 d3] partials
+  const __m256i h = _mm256_add_epi32(_mm256_unpacklo_epi64(s01, s23), _mm256_unpackhi_epi64(s01, s23));
   return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
@@ -224,7 +251,7 @@ torch::Tensor linear(torch::Tensor x, const torch::Tensor& records, int64_t n_ou
 
 }  // namespace
 
-const int64_t Q8_RECORD = Q8::RECORD, Q4_RECORD = Q4::RECORD;
+const int64_t Q8_RECORD = Q8::RECORD, Q4_RECORD = Q4::RECORD, Q5_RECORD = Q5::RECORD;
 
 torch::Tensor q8_linear(torch::Tensor x, const torch::Tensor& records, int64_t n_out,
                         const c10::optional<torch::Tensor>& bias) {
@@ -234,4 +261,9 @@ torch::Tensor q8_linear(torch::Tensor x, const torch::Tensor& records, int64_t n
 torch::Tensor q4_linear(torch::Tensor x, const torch::Tensor& records, int64_t n_out,
                         const c10::optional<torch::Tensor>& bias) {
   return linear<Q4>(std::move(x), records, n_out, bias);
+}
+
+torch::Tensor q5_linear(torch::Tensor x, const torch::Tensor& records, int64_t n_out,
+                        const c10::optional<torch::Tensor>& bias) {
+  return linear<Q5>(std::move(x), records, n_out, bias);
 }

@@ -18,18 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from specserve.models.batch import FlatBatch
-from specserve.ops.cpu.build import available, load
+from specserve.ops.cpu.build import kernels_for
 from specserve.ops.naive.attention import visible_mask
-
-
-def _kernel_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    return (
-        q.device.type == "cpu"
-        and q.dtype == torch.float32
-        and k_cache.dtype == torch.float32
-        and q.shape[-1] % 64 == 0
-        and available()
-    )
 
 
 def cached_attention(
@@ -42,8 +32,9 @@ def cached_attention(
     per_row: bool = False,
 ) -> torch.Tensor:
     """q: [T, H, D]; k_cache, v_cache: [n_slots, max_len, Hkv, D] -> [T, H, D]."""
-    if _kernel_fits(q, k_cache):
-        return load().cached_attention(
+    kernels = kernels_for(q) if k_cache.dtype == torch.float32 else None
+    if kernels is not None and q.shape[-1] % 64 == 0:
+        return kernels.cached_attention(
             q.contiguous(),
             k_cache,
             v_cache,
