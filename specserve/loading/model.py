@@ -11,6 +11,7 @@ import torch
 from tqdm import tqdm
 
 from specserve.errors import SpecserveError
+from specserve.loading.convert import LinearConverter
 from specserve.loading.gguf import TENSOR_TYPES_KEY, read_gguf
 from specserve.loading.hf import read_hf
 from specserve.loading.names import keeps_precision
@@ -20,13 +21,7 @@ from specserve.models import registry
 from specserve.models.config import ModelConfig
 from specserve.models.layers.lowbit import LowbitLinear, fuse_lowbit
 from specserve.models.layers.packed import pack_linears
-from specserve.models.layers.quant import (
-    WEIGHT_MODES,
-    Int4Linear,
-    Int8Linear,
-    auto_mode,
-    swap_linears,
-)
+from specserve.models.layers.quant import WEIGHT_MODES, Int4Linear, Int8Linear, auto_mode
 from specserve.models.registry import LanguageModel
 from specserve.ops.cpu.build import available as lowbit_available
 from specserve.ops.cpu.build import problem as lowbit_problem
@@ -61,12 +56,20 @@ def build_model(
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
     progress: bool = False,
+    quantize: tuple[str, dict[str, str], bool] | None = None,
 ) -> LanguageModel:
-    """Create the model on the meta device and assign the loaded tensors (no random init)."""
+    """Create the model on the meta device and assign the loaded tensors (no random init).
+
+    quantize: (weights mode, GGUF types, lowbit kernels): the linears that mode quantizes
+    are quantized as their tensors arrive (loading/convert.py)."""
     with torch.device("meta"):
         model = registry.build(cfg)
     shapes = {k: v.shape for k, v in model.state_dict().items()}
     expected = set(shapes)
+    converter = None
+    if quantize is not None:
+        weights, types, lowbit = quantize
+        converter = LinearConverter(model, linear_modes(model, weights, types), lowbit)
     # norms (and GDN decay terms) stay in float32 under 16-bit dtypes: they are tiny and
     # rounding them costs accuracy
     norm_dtype = torch.float32 if dtype.itemsize < 4 else dtype
@@ -74,8 +77,17 @@ def build_model(
     for name, t in tqdm(
         tensors, desc="load", unit="tensor", disable=not progress, total=len(expected)
     ):
-        state[name] = t.to(device=device, dtype=norm_dtype if keeps_precision(name) else dtype)
-    if "lm_head.weight" not in state and "embed.weight" in state:
+        t = t.to(device=device, dtype=norm_dtype if keeps_precision(name) else dtype)
+        if converter is not None and converter.owns(name):
+            _check_shape(name, t, shapes)
+            converter.take(name, t)
+            expected.discard(name)
+            continue
+        state[name] = t
+    if converter is not None:
+        converter.install(model, state)  # a tied LM head is quantized from the embedding
+        expected -= {f"{n}.{leaf}" for n in converter.modes for leaf in ("weight", "bias")}
+    if "lm_head.weight" in expected and "lm_head.weight" not in state and "embed.weight" in state:
         state["lm_head.weight"] = state["embed.weight"]  # tied: one tensor serves both
     missing, unexpected = expected - set(state), set(state) - expected
     if missing or unexpected:
@@ -84,12 +96,17 @@ def build_model(
             f"unexpected {sorted(unexpected)[:5]}"
         )
     for name, t in state.items():
-        if t.shape != shapes[name]:
-            raise SpecserveError(
-                f"tensor {name} has shape {tuple(t.shape)}, the config wants {tuple(shapes[name])}"
-            )
-    model.load_state_dict(state, assign=True, strict=True)
+        _check_shape(name, t, shapes)
+    # not strict: the quantized modules' buffers are already in place (keys checked above)
+    model.load_state_dict(state, assign=True, strict=False)
     return model.eval()
+
+
+def _check_shape(name: str, t: torch.Tensor, shapes: dict[str, torch.Size]) -> None:
+    if t.shape != shapes[name]:
+        raise SpecserveError(
+            f"tensor {name} has shape {tuple(t.shape)}, the config wants {tuple(shapes[name])}"
+        )
 
 
 def linear_modes(model: torch.nn.Module, weights: str, types: dict[str, str]) -> dict[str, str]:
@@ -169,11 +186,11 @@ def load_model(
             "--weights int8/int5/int4/auto runs on torch's CPU kernels; use dequant on GPU"
         )
     # quantize from float32, not from weights already rounded to the compute dtype
-    model = build_model(cfg, tensors, torch.float32 if quantized else compute, device, progress)
+    lowbit = quantized and _use_lowbit(compute, device)
+    quantize = (weights, types, lowbit) if quantized else None
+    build_dtype = torch.float32 if quantized else compute
+    model = build_model(cfg, tensors, build_dtype, device, progress, quantize)
     if quantized:
-        modes = linear_modes(model, weights, types)
-        lowbit = _use_lowbit(compute, device)
-        swap_linears(model, modes, lowbit=lowbit)
         if lowbit:
             fuse_lowbit(model)
         _cast_floats(model, compute)

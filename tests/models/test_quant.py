@@ -9,7 +9,13 @@ import torch.nn.functional as F
 from specserve.loading.model import linear_modes, load_model
 from specserve.models.batch import FlatBatch
 from specserve.models.layers.lowbit import FusedPart, LowbitLinear, int4_groups
-from specserve.models.layers.quant import GROUP, Int4Linear, Int8Linear, auto_mode
+from specserve.models.layers.quant import (
+    GROUP,
+    Int4Linear,
+    Int8Linear,
+    auto_mode,
+    quantize_linear,
+)
 from specserve.ops.cpu.build import problem
 from tests.tiny import VOCAB, make_hf_model
 from tests.tiny_gguf import write_gguf
@@ -97,3 +103,22 @@ def test_unknown_weights_mode_is_a_clear_error() -> None:
 
     with pytest.raises(SpecserveError, match="unknown --weights 'int3'"):
         linear_modes(torch.nn.Linear(2, 2), "int3", {})
+
+
+@needs_lowbit
+def test_linears_are_quantized_while_loading_with_a_tied_head(tmp_path) -> None:  # noqa: ANN001
+    # the converter quantizes each linear as its tensors arrive; a tied LM head is quantized
+    # from the embedding, which stays a float table; the result equals quantizing after
+    hf = make_hf_model("qwen2", seed=4, tie_word_embeddings=True)
+    path = write_gguf(hf, "qwen2", tmp_path / "m.gguf")
+    streamed = load_model(path, "float32", with_tokenizer=False, weights="int8").model
+    after = load_model(path, "float32", with_tokenizer=False).model
+    assert isinstance(streamed.lm_head, LowbitLinear) and not streamed.embed.weight.is_meta
+    n, k = after.embed.weight.shape
+    x = torch.randn(3, k)
+    ref_head = torch.nn.Linear(k, n, bias=False)
+    ref_head.weight.data = after.embed.weight.detach().clone()
+    want = quantize_linear(ref_head, "int8", lowbit=True)
+    assert torch.equal(streamed.lm_head(x), want(x))
+    assert not any(p.is_meta for p in streamed.parameters())
+    assert not any(b.is_meta for b in streamed.buffers())

@@ -99,10 +99,17 @@ _TORCH_KERNELS: dict[str, type[nn.Module]] = {
 _LOWBIT_KERNELS: dict[str, type[nn.Module]] = {"int8": Q8Linear, "int5": Q5Linear, "int4": Q4Linear}
 
 
+def quantize_weight(
+    weight: torch.Tensor, bias: torch.Tensor | None, mode: str, lowbit: bool = False
+) -> nn.Module:
+    """The quantized linear for these float weights. lowbit: our float32-activation kernels
+    instead of torch's bf16 ones."""
+    return (_LOWBIT_KERNELS if lowbit else _TORCH_KERNELS)[mode](weight, bias)
+
+
 def quantize_linear(linear: nn.Linear, mode: str, lowbit: bool = False) -> nn.Module:
-    """lowbit: our float32-activation kernels instead of torch's bf16 ones."""
-    cls = (_LOWBIT_KERNELS if lowbit else _TORCH_KERNELS)[mode]
-    return cls(linear.weight.detach(), None if linear.bias is None else linear.bias.detach())
+    bias = None if linear.bias is None else linear.bias.detach()
+    return quantize_weight(linear.weight.detach(), bias, mode, lowbit)
 
 
 def swap_linears(model: nn.Module, modes: dict[str, str], lowbit: bool = False) -> None:
