@@ -2,17 +2,17 @@
 
 Two families of kernels:
 - ours (layers/lowbit.py, AVX2, float32 activations): int8, int5 and int4 in blocks of 32
-  inputs.
-  Used whenever the compute dtype is float32 on CPU and the kernels build (the default).
+  inputs. Used whenever the compute dtype is float32 on CPU and the kernels build (the default).
 - torch's, for bf16 compute or where ours cannot build: int8 with one scale per output
   channel (`aten._weight_int8pack_mm`), int4 with one scale and zero per group of 32
   (`aten._weight_int4pack_mm_for_cpu`). Both take bf16 activations (they are several times
   slower with float32), so inputs are cast to bf16 and outputs back to the caller's dtype.
-As in gpt-fast's quantize.py, the float model is built first and its nn.Linear modules are
-replaced one by one.
+Linears swap in by module, as in gpt-fast's quantize.py: `swap_linears` on a built float
+model, or, when loading (loading/convert.py), `quantize_weight` on each weight as it arrives.
 
-GGUF weights arrive dequantized to float32 and are re-quantized here: exact for Q4_K's
-(scale, min) groups of 32 up to bf16 rounding of the scales, approximate for the others.
+GGUF weights arrive dequantized to float32 and are re-quantized here: exact for Q8_0 on int8
+and Q5_0 on int5 (tests/models/test_lowbit.py), close for Q4_K's (scale, min) groups of 32 on
+int4, approximate for the others.
 """
 
 from __future__ import annotations
