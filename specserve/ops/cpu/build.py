@@ -72,7 +72,7 @@ def _compile() -> ModuleType:
     out = cache_dir()
     out.mkdir(parents=True, exist_ok=True)
     if not any(out.glob("*.so")):  # say why the first load pauses
-        print("specserve: compiling the CPU kernels (first use, ~1 min)", file=sys.stderr)
+        print("specserve: compiling the CPU kernels (first use, ~2 min)", file=sys.stderr)
     try:
         return build(
             name="specserve_cpu",
