@@ -81,7 +81,6 @@ def build_model(
         if converter is not None and converter.owns(name):
             _check_shape(name, t, shapes)
             converter.take(name, t)
-            expected.discard(name)
             continue
         state[name] = t
     if converter is not None:
@@ -110,7 +109,7 @@ def _check_shape(name: str, t: torch.Tensor, shapes: dict[str, torch.Size]) -> N
 
 
 def linear_modes(model: torch.nn.Module, weights: str, types: dict[str, str]) -> dict[str, str]:
-    """Which nn.Linear modules become int8 / int4 under --weights (types: our name -> GGUF type)."""
+    """Which nn.Linear modules --weights quantizes, and how (types: our name -> GGUF type)."""
     if weights not in WEIGHT_MODES:
         raise SpecserveError(
             f"unknown --weights {weights!r}; choose from {', '.join(WEIGHT_MODES)}"

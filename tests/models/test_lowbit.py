@@ -38,18 +38,17 @@ def _reference_q8(x: torch.Tensor, layer: Q8Linear) -> torch.Tensor:
     return (dots * dx.double()[:, None, :] * scale.double()[None]).sum(-1)
 
 
-def _q5_values(packed: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
-    """[N, K/2] nibbles and [N, K/32] high-bit words -> q [N, K/32, 32] in 0..31."""
+def _q5_values(packed: torch.Tensor, fifth: torch.Tensor) -> torch.Tensor:
+    """[N, K/2] nibbles and [N, K/32, 32] fifth bits -> q [N, K/32, 32] in 0..31."""
     nib = packed.view(packed.shape[0], -1, GROUP // 2).long()
-    bits = (high.long()[..., None] >> torch.arange(GROUP)) & 1
-    return torch.cat([nib & 15, nib >> 4], dim=-1) + 16 * bits
+    return torch.cat([nib & 15, nib >> 4], dim=-1) + 16 * fifth.long()
 
 
 def _reference_low(x: torch.Tensor, layer: Q4Linear | Q5Linear) -> torch.Tensor:
     qx, dx = _quantize_rows(x)
     if isinstance(layer, Q5Linear):
-        q, high, scale, low = layer.blocks()
-        qw = _q5_values(q, high).double()
+        q, fifth, scale, low = layer.blocks()
+        qw = _q5_values(q, fifth).double()
     else:
         q, scale, low = layer.blocks()
         packed = q.view(q.shape[0], -1, GROUP // 2)
@@ -91,8 +90,8 @@ def test_q5_blocks_give_gguf_q5_0_weights_back_exactly() -> None:
     q[..., 5] = 0
     d = ((torch.rand(8, 4, generator=g) - 0.5) * 0.02).half().float()  # either sign
     w = (d[..., None] * (q.float() - 16)).view(8, 4 * GROUP)
-    packed, high, scale, low = q5_blocks(w)
-    assert torch.equal(_q5_values(packed, high), q)
+    packed, fifth, scale, low = q5_blocks(w)
+    assert torch.equal(_q5_values(packed, fifth), q)
     assert torch.equal(scale, d) and torch.equal(low, -16 * d)
 
 

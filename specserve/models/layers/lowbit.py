@@ -1,15 +1,15 @@
 """float32 linears on our own AVX2 low-bit kernels (ops/cpu/lowbit.cpp).
 
 The weights stay in blocks of 32 inputs in memory (q8: int8 + one scale, 1.125 bytes per
-weight; q4: 4-bit + scale and low, 0.75 bytes), so a decode step reads a quarter (q8) or
-under a fifth (q4) of float32's bytes. The kernel quantizes each activation row to int8 per
-block and runs the block dot products on integers, as llama.cpp does on CPUs. A row's
-result never depends on the other rows of the call (the kernel's design;
+weight; q5: 5-bit + scale and low, 0.875; q4: 4-bit + scale and low, 0.75), stored as the
+kernel's records of 4 outputs x one block (`tile_records`), so a decode step reads under a
+third of float32's bytes in one sequential stream. The kernel quantizes each activation row
+to int8 per block and runs the block dot products on integers, as llama.cpp does on CPUs. A
+row's result never depends on the other rows of the call (the kernel's design;
 tests/models/test_lowbit.py), so these layers are batch-invariant as they stand.
 
-From a GGUF, Q8_0 weights come back exactly (dequantized Q8_0 values are d * q with d the
-block's absmax / 127, which is what the requantization finds again); other types are
-re-quantized from their float32 values.
+From a GGUF, Q8_0 (on q8) and Q5_0 (on q5) weights come back exactly: the requantization
+finds their scales again. Other types are re-quantized from their float32 values.
 """
 
 from __future__ import annotations
@@ -42,19 +42,24 @@ def int4_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     return q.to(torch.int32).view(n, k), scale, low
 
 
-def q4_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """w: [N, K] -> packed: [N, K/2] uint8, scale and low: [N, K/32] (w ~ q * scale + low).
-    A block's byte i holds element i (low nibble) and element i + 16 (high nibble)."""
-    n, k = w.shape
-    q, scale, low = int4_groups(w)
+def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """q: [N, K] in 0..15 -> [N, K/2] uint8: a block's byte i holds element i (low nibble)
+    and element i + 16 (high nibble)."""
+    n, k = q.shape
     g = q.to(torch.uint8).view(n, k // GROUP, GROUP)
-    packed = g[..., : GROUP // 2] | (g[..., GROUP // 2 :] << 4)
-    return packed.reshape(n, k // 2).contiguous(), scale.contiguous(), low.contiguous()
+    return (g[..., : GROUP // 2] | (g[..., GROUP // 2 :] << 4)).reshape(n, k // 2).contiguous()
+
+
+def q4_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w: [N, K] -> packed: [N, K/2] uint8 (pack_nibbles), scale and low: [N, K/32]
+    (w ~ q * scale + low)."""
+    q, scale, low = int4_groups(w)
+    return pack_nibbles(q), scale.contiguous(), low.contiguous()
 
 
 def q5_blocks(w: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """w: [N, K] -> nibbles [N, K/2] uint8 (as q4_blocks packs them), high bits [N, K/32] int32
-    (bit i: element i's fifth bit), scale and low [N, K/32]: w ~ q * scale + low, q 0..31.
+    """w: [N, K] -> nibbles [N, K/2] uint8 (pack_nibbles of the low 4 bits), fifth bits
+    [N, K/32, 32] uint8 (0 or 1), scale and low [N, K/32]: w ~ q * scale + low, q 0..31.
 
     GGUF Q5_0's own rule: the element of largest magnitude m gets q = 0, so scale = -m / 16
     and low = -16 * scale; Q5_0 weights come back exactly."""
@@ -64,12 +69,8 @@ def q5_blocks(w: torch.Tensor) -> tuple[torch.Tensor, ...]:
     scale = -m / 16
     safe = torch.where(scale == 0, torch.ones_like(scale), scale)
     q = torch.round(g / safe[..., None] + 16).clamp(0, 31).to(torch.int32)
-    nib = (q & 15).to(torch.uint8)
-    packed = nib[..., : GROUP // 2] | (nib[..., GROUP // 2 :] << 4)
-    bits = ((q >> 4) << torch.arange(GROUP, dtype=torch.int32)).sum(-1, dtype=torch.int64)
-    high = (bits - (bits >= 2**31).long() * 2**32).to(torch.int32)  # as a signed 32-bit word
-    low = -16 * scale
-    return packed.reshape(n, k // 2).contiguous(), high.contiguous(), scale.contiguous(), low
+    fifth = (q >> 4).to(torch.uint8)
+    return pack_nibbles((q & 15).view(n, k)), fifth, scale.contiguous(), -16 * scale
 
 
 def tile_records(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -102,16 +103,26 @@ def untile_records(records: torch.Tensor, n: int, sizes: list[int]) -> list[torc
 
 
 class LowbitLinear(nn.Module):
-    """Common shape handling; subclasses hold the blocks and call their kernel."""
+    """Shape handling and the kernel call; subclasses quantize the weights into records."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    KERNEL = ""  # the kernel's name in ops/cpu/module.cpp
+    records: torch.Tensor  # the kernel's tiled blocks (a buffer)
+
+    def __init__(
+        self, records: torch.Tensor, out_features: int, in_features: int, bias: torch.Tensor | None
+    ) -> None:
         super().__init__()
-        self.out_features, self.in_features = weight.shape
-        if self.in_features % GROUP:
-            raise ValueError(f"low-bit kernels need in_features divisible by {GROUP}")
+        self.out_features, self.in_features = out_features, in_features
         self.kernels = load()
+        self.register_buffer("records", records)
         self.bias = None if bias is None else nn.Parameter(bias.float().contiguous(), False)
-        self.records: torch.Tensor  # the kernel's tiled blocks (a buffer, set by subclasses)
+
+    @staticmethod
+    def blocks_of(weight: torch.Tensor) -> int:
+        """Blocks of 32 per output row (a clear error when in_features does not divide)."""
+        if weight.shape[1] % GROUP:
+            raise ValueError(f"low-bit kernels need in_features divisible by {GROUP}")
+        return weight.shape[1] // GROUP
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
@@ -119,36 +130,36 @@ class LowbitLinear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def matmul(self, rows: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        kernel = getattr(self.kernels, self.KERNEL)
+        return kernel(rows, self.records, self.out_features, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"
 
 
 class Q8Linear(LowbitLinear):
+    KERNEL = "q8_linear"
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        super().__init__(weight, bias)
+        nb = self.blocks_of(weight)
         q, scale = q8_blocks(weight)
-        nb = self.in_features // GROUP
         records = tile_records([scale[..., None], q.view(-1, nb, GROUP)])
-        self.register_buffer("records", records)
+        super().__init__(records, weight.shape[0], weight.shape[1], bias)
 
     def blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(q [N, K] int8, scale [N, K/32]) back from the records, as q8_blocks gave them."""
         scale, q = untile_records(self.records, self.out_features, [4, GROUP])
         return q.view(torch.int8).view(self.out_features, -1), scale.view(torch.float32)[..., 0]
 
-    def matmul(self, rows: torch.Tensor) -> torch.Tensor:
-        return self.kernels.q8_linear(rows, self.records, self.out_features, self.bias)
-
 
 class Q4Linear(LowbitLinear):
+    KERNEL = "q4_linear"
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        super().__init__(weight, bias)
+        nb = self.blocks_of(weight)
         q, scale, low = q4_blocks(weight)
-        nb = self.in_features // GROUP
         parts = [scale[..., None], low[..., None], q.view(-1, nb, GROUP // 2)]
-        self.register_buffer("records", tile_records(parts))
+        super().__init__(tile_records(parts), weight.shape[0], weight.shape[1], bias)
 
     def blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(packed [N, K/2] uint8, scale, low [N, K/32]) back from the records."""
@@ -156,51 +167,44 @@ class Q4Linear(LowbitLinear):
         f32 = torch.float32
         return q.view(self.out_features, -1), scale.view(f32)[..., 0], low.view(f32)[..., 0]
 
-    def matmul(self, rows: torch.Tensor) -> torch.Tensor:
-        return self.kernels.q4_linear(rows, self.records, self.out_features, self.bias)
 
-
-def fifth_bit_planes(high: torch.Tensor) -> torch.Tensor:
-    """[N, K/32] int32 words (bit i: element i's fifth bit) -> [ceil(N/4), K/32, 16] uint8:
-    for each tile of 4 outputs, bit c of byte j is output c's element j and bit c + 4 its
-    element j + 16 (the layout ops/cpu/lowbit.cpp's Q5 reads)."""
-    n, nb = high.shape
-    bits = (high.long()[..., None] >> torch.arange(GROUP)) & 1  # [N, nb, 32]
-    bits = torch.cat([bits, bits.new_zeros(-n % TILE, nb, GROUP)])
-    t = bits.view(-1, TILE, nb, GROUP)
-    shift = torch.arange(TILE)[None, :, None, None]
+def fifth_bit_planes(fifth: torch.Tensor) -> torch.Tensor:
+    """[N, K/32, 32] fifth bits -> [ceil(N/4), K/32, 16] uint8: for each tile of 4 outputs,
+    bit c of byte j is output c's element j and bit c + 4 its element j + 16 (the layout
+    ops/cpu/lowbit.cpp's Q5 reads)."""
+    n, nb, _ = fifth.shape
+    t = torch.cat([fifth, fifth.new_zeros(-n % TILE, nb, GROUP)]).view(-1, TILE, nb, GROUP)
+    shift = torch.arange(TILE, dtype=torch.uint8)[None, :, None, None]
     planes = (t[..., : GROUP // 2] << shift) | (t[..., GROUP // 2 :] << (shift + TILE))
-    return planes.sum(1).to(torch.uint8)
+    return planes.sum(1, dtype=torch.uint8)  # the 4 outputs' bits do not overlap
 
 
-def words_from_planes(planes: torch.Tensor, n: int) -> torch.Tensor:
-    """The inverse of fifth_bit_planes: [N, K/32] int32 words."""
+def fifth_bits_from_planes(planes: torch.Tensor, n: int) -> torch.Tensor:
+    """The inverse of fifth_bit_planes: [N, K/32, 32] uint8 bits."""
     t, nb, _ = planes.shape
-    c = torch.arange(TILE)[None, :, None, None]
-    p = planes.long()[:, None]  # [T, 1, nb, 16]
+    c = torch.arange(TILE, dtype=torch.uint8)[None, :, None, None]
+    p = planes[:, None]  # [T, 1, nb, 16]
     bits = torch.cat([(p >> c) & 1, (p >> (c + TILE)) & 1], dim=-1)  # [T, 4, nb, 32]
-    words = (bits << torch.arange(GROUP)).sum(-1).reshape(t * TILE, nb)[:n]
-    return (words - (words >= 2**31).long() * 2**32).to(torch.int32)
+    return bits.reshape(t * TILE, nb, GROUP)[:n]
 
 
 class Q5Linear(LowbitLinear):
+    KERNEL = "q5_linear"
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        super().__init__(weight, bias)
-        q, high, scale, low = q5_blocks(weight)
-        nb = self.in_features // GROUP
+        nb = self.blocks_of(weight)
+        q, fifth, scale, low = q5_blocks(weight)
         records = tile_records([scale[..., None], low[..., None], q.view(-1, nb, GROUP // 2)])
-        self.register_buffer("records", torch.cat([records, fifth_bit_planes(high)], dim=-1))
+        records = torch.cat([records, fifth_bit_planes(fifth)], dim=-1)
+        super().__init__(records, weight.shape[0], weight.shape[1], bias)
 
     def blocks(self) -> tuple[torch.Tensor, ...]:
-        """(nibbles [N, K/2], high bits [N, K/32] int32, scale, low) back from the records."""
+        """(nibbles [N, K/2], fifth bits [N, K/32, 32], scale, low) back from the records."""
         n, sizes = self.out_features, [4, 4, GROUP // 2]
         scale, low, q = untile_records(self.records[..., : TILE * sum(sizes)], n, sizes)
-        high = words_from_planes(self.records[..., TILE * sum(sizes) :], n)
+        fifth = fifth_bits_from_planes(self.records[..., TILE * sum(sizes) :], n)
         f32 = torch.float32
-        return q.view(n, -1), high, scale.view(f32)[..., 0], low.view(f32)[..., 0]
-
-    def matmul(self, rows: torch.Tensor) -> torch.Tensor:
-        return self.kernels.q5_linear(rows, self.records, self.out_features, self.bias)
+        return q.view(n, -1), fifth, scale.view(f32)[..., 0], low.view(f32)[..., 0]
 
 
 class FusedLowbit(nn.Module):
@@ -218,15 +222,17 @@ class FusedLowbit(nn.Module):
     def __init__(self, parts: list[LowbitLinear]) -> None:
         super().__init__()
         first = parts[0]
-        self.inner = type(first).__new__(type(first))
-        nn.Module.__init__(self.inner)
-        self.inner.in_features = first.in_features
-        self.inner.out_features = sum(p.out_features for p in parts)
-        self.inner.kernels = first.kernels
-        self.inner.register_buffer("records", torch.cat([p.records for p in parts]))
         biases = [p.bias if p.bias is not None else torch.zeros(p.out_features) for p in parts]
         has_bias = any(p.bias is not None for p in parts)
-        self.inner.bias = nn.Parameter(torch.cat(biases), False) if has_bias else None
+        # one layer of the parts' kind over their records, stacked (no re-quantization)
+        self.inner = type(first).__new__(type(first))
+        LowbitLinear.__init__(
+            self.inner,
+            torch.cat([p.records for p in parts]),
+            sum(p.out_features for p in parts),
+            first.in_features,
+            torch.cat(biases) if has_bias else None,
+        )
         self.bounds = [0]
         for p in parts:
             self.bounds.append(self.bounds[-1] + p.out_features)

@@ -101,10 +101,7 @@ void softmax(float* p, int64_t n) {
   const __m256 e = _mm256_and_ps(exp_neg(_mm256_sub_ps(_mm256_load_ps(tail), mv)), mask);
   _mm256_store_ps(tail, e);
   for (int64_t t = j; t < n; ++t) p[t] = tail[t - j];
-  sum = _mm256_add_ps(sum, e);
-  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
-  s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  const float inv = 1.0f / _mm_cvtss_f32(_mm_add_ss(s4, _mm_movehdup_ps(s4)));
+  const float inv = 1.0f / hsum(_mm256_add_ps(sum, e));
   for (int64_t t = 0; t < n; ++t) p[t] *= inv;
 }
 

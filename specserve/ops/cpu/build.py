@@ -88,11 +88,8 @@ def _compile() -> ModuleType:
 
 def problem() -> str | None:
     """Why the kernels cannot be used here (None: they can)."""
-    try:
-        load()
-    except SpecserveError as e:
-        return str(e)
-    return None
+    result = _build()
+    return str(result) if isinstance(result, SpecserveError) else None
 
 
 def available() -> bool:

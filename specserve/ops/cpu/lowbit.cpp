@@ -251,8 +251,6 @@ torch::Tensor linear(torch::Tensor x, const torch::Tensor& records, int64_t n_ou
 
 }  // namespace
 
-const int64_t Q8_RECORD = Q8::RECORD, Q4_RECORD = Q4::RECORD, Q5_RECORD = Q5::RECORD;
-
 torch::Tensor q8_linear(torch::Tensor x, const torch::Tensor& records, int64_t n_out,
                         const c10::optional<torch::Tensor>& bias) {
   return linear<Q8>(std::move(x), records, n_out, bias);

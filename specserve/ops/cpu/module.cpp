@@ -5,9 +5,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q8_linear", &q8_linear, "x @ (s*q)^T + bias, int8 blocks of 32 in tiled records");
   m.def("q4_linear", &q4_linear, "x @ (s*q+low)^T + bias, 4-bit blocks of 32 in tiled records");
   m.def("q5_linear", &q5_linear, "x @ (s*q+low)^T + bias, 5-bit blocks of 32 in tiled records");
-  m.attr("Q8_RECORD") = Q8_RECORD;
-  m.attr("Q4_RECORD") = Q4_RECORD;
-  m.attr("Q5_RECORD") = Q5_RECORD;
   m.def("cached_attention", &cached_attention,
         "attention of q [T, H, D] over the slot KV cache, every row alone (causal, window)");
   m.def("rms_norm", &rms_norm, "x / rms(x) * w over the last dim, float32");

@@ -29,11 +29,8 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
         const __m256 a = _mm256_loadu_ps(v + d);
         acc = _mm256_fmadd_ps(a, a, acc);
       }
-      __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-      s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-      s = _mm_add_ss(s, _mm_movehdup_ps(s));
-      const float scale = 1.0f / std::sqrt(_mm_cvtss_f32(s) / static_cast<float>(D) +
-                                           static_cast<float>(eps));
+      const float scale =
+          1.0f / std::sqrt(hsum(acc) / static_cast<float>(D) + static_cast<float>(eps));
       const __m256 sv = _mm256_set1_ps(scale);
       for (int64_t d = 0; d < D; d += 8) {
         const __m256 a = _mm256_mul_ps(_mm256_loadu_ps(v + d), sv);
