@@ -193,12 +193,14 @@ class InProcessServer(_Started):
         # the subprocess's own flags, so both kinds of server are configured identically
         args = parser.parse_args(self.spec.flags())
         args.device = args.device or "cpu"
+        # OMP_NUM_THREADS is read once at torch's start: set it here, before the engine
+        # thread's first torch call picks it up
+        if self.spec.threads:
+            self._torch_threads = torch.get_num_threads()
+            torch.set_num_threads(self.spec.threads)
         loop, cfg, loaded = build_server(args)
         assert loaded.tokenizer is not None
         app = build_app(loop, loaded.tokenizer, cfg)
-        if self.spec.threads:  # OMP_NUM_THREADS is read once at torch's start: set it here
-            self._torch_threads = torch.get_num_threads()
-            torch.set_num_threads(self.spec.threads)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))  # the kernel picks a free port
         config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from specserve.engine.flags import add_engine_args, settings_from_args, spec_defaults_from_args
 from specserve.engine.request import SpecParams
 from specserve.engine.setup import build_engine
+from specserve.engine.threads import ComputeThread
 from specserve.errors import SpecserveError
 from specserve.loading.model import LoadedModel
 from specserve.server.app import ServerConfig, build_app
@@ -45,14 +46,24 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_server(args: argparse.Namespace) -> tuple[EngineLoop, ServerConfig, LoadedModel]:
-    """Load the model(s) and build the engine loop and HTTP settings the flags describe."""
+def build_server(
+    args: argparse.Namespace, compute: ComputeThread | None = None
+) -> tuple[EngineLoop, ServerConfig, LoadedModel]:
+    """Load the model(s) and build the engine loop and HTTP settings the flags describe.
+
+    The loading runs on the thread that will step the engine (`compute`, new if None), so
+    the process keeps one OpenMP team (engine/threads.py ComputeThread says why)."""
     defaults = spec_defaults_from_args(args)  # ValueError if bad
     settings = settings_from_args(args)
-    engine, loaded = build_engine(settings)
-    if loaded.tokenizer is None:
-        raise SpecserveError(f"{loaded.path} has no tokenizer files")
-    loop = EngineLoop(engine, args.max_queue)
+    compute = compute or ComputeThread()
+    try:
+        engine, loaded = compute.call(build_engine, settings)
+        if loaded.tokenizer is None:
+            raise SpecserveError(f"{loaded.path} has no tokenizer files")
+    except BaseException:
+        compute.close()
+        raise
+    loop = EngineLoop(engine, args.max_queue, compute)
     speculating = engine.speculator is not None
     cfg = ServerConfig(
         model_id=args.alias or args.model,

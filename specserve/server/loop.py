@@ -18,14 +18,16 @@ import asyncio
 import contextlib
 import logging
 import queue
-import threading
 from collections import Counter
 from collections.abc import AsyncIterator
+from concurrent import futures
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from specserve.engine.engine import Engine, StepOutput
 from specserve.engine.request import Request
+from specserve.engine.threads import ComputeThread
 from specserve.errors import SpecserveError
 from specserve.server.trim import release_freed_memory
 
@@ -108,9 +110,15 @@ class Handle:
 
 
 class EngineLoop:
-    """Runs `engine.step()` in one background thread while any request is live."""
+    """Runs `engine.step()` in one background thread while any request is live.
 
-    def __init__(self, engine: Engine, max_queue: int) -> None:
+    The thread is `compute`, the one that loaded the model when the server built it (see
+    ComputeThread for why); the loop closes it when it stops.
+    """
+
+    def __init__(
+        self, engine: Engine, max_queue: int, compute: ComputeThread | None = None
+    ) -> None:
         if max_queue < 0:
             raise SpecserveError(f"--max-queue must be >= 0, got {max_queue}")
         self.engine = engine
@@ -118,7 +126,8 @@ class EngineLoop:
         self.capacity = self.num_slots + max_queue
         self.snapshot = Snapshot()
         self._inbox: queue.Queue[tuple[_Kind, Handle | None]] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="specserve-engine", daemon=True)
+        self.compute = compute or ComputeThread()
+        self._done: Future[None] | None = None  # the running loop
         self._in_flight = 0  # event loop thread only
         # engine thread only from here on
         self._live: dict[int, Handle] = {}
@@ -132,22 +141,21 @@ class EngineLoop:
 
     def start(self) -> None:
         self._publish()
-        self._thread.start()
+        self._done = self.compute.submit(self._run)
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._done is not None and not self._done.done()
 
     def stop(self, drain_timeout: float = 30.0) -> None:
         """Finish the running requests (at most drain_timeout s), then end the thread."""
-        if not self._thread.is_alive():
-            return
-        self._inbox.put(("stop", None))
-        self._thread.join(drain_timeout)
-        if self._thread.is_alive():
-            log.warning("requests still running after %.0f s: aborting them", drain_timeout)
-            self._inbox.put(("abort_all", None))
-            self._thread.join(10.0)
+        if self._done is not None and not self._done.done():
+            self._inbox.put(("stop", None))
+            if futures.wait([self._done], drain_timeout).not_done:
+                log.warning("requests still running after %.0f s: aborting them", drain_timeout)
+                self._inbox.put(("abort_all", None))
+                futures.wait([self._done], 10.0)
+        self.compute.close()
 
     def submit(self, request: Request) -> Handle:
         """Queue a request for the engine; call from the event loop. Raises QueueFull."""

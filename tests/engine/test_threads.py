@@ -3,10 +3,12 @@ a result (what makes tuning it safe for exactness)."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
-from specserve.engine.threads import RETRY, ThreadTuner
+from specserve.engine.threads import RETRY, ComputeThread, ThreadTuner
 from specserve.models.layers.packed import PackedLinear
 
 
@@ -35,6 +37,27 @@ def test_tries_both_then_keeps_the_faster_and_retries_the_other() -> None:
         assert tuner.best(8) is None and tuner.best(9) is None
     finally:
         torch.set_num_threads(before)
+
+
+def _fail() -> None:
+    raise ValueError("boom")
+
+
+def test_compute_thread_runs_every_job_in_order_on_one_thread() -> None:
+    compute = ComputeThread("test-compute")
+    idents = {compute.call(threading.get_ident) for _ in range(3)}
+    assert len(idents) == 1 and threading.get_ident() not in idents
+    order: list[int] = []
+    done = [compute.submit(lambda i=i: order.append(i)) for i in range(5)]
+    for d in done:
+        d.result(5)
+    assert order == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="boom"):
+        compute.call(_fail)
+    assert compute.call(lambda: 7) == 7  # a failed job does not end the thread
+    compute.close()
+    compute._thread.join(5)
+    assert not compute._thread.is_alive()
 
 
 def test_one_core_means_one_option() -> None:

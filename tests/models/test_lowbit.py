@@ -97,11 +97,11 @@ def test_q5_blocks_give_gguf_q5_0_weights_back_exactly() -> None:
 
 @pytest.mark.parametrize("cls", list(BLOCKS))
 def test_records_hold_the_blocks(cls: type) -> None:
-    # 70 outputs: the last tile of 4 is padded with 2 zero outputs
+    # 70 outputs: the last tile of 8 is padded with 2 zero outputs
     w, _, _ = _case()
     layer = cls(w, None)
     want = BLOCKS[cls](w)
-    assert layer.records.shape[0] == 18
+    assert layer.records.shape[0] == 9
     for got, expected in zip(layer.blocks(), want, strict=True):
         assert torch.equal(got, expected)
 
@@ -131,8 +131,8 @@ def test_kernel_computes_the_quantized_arithmetic(cls: type) -> None:
 @pytest.mark.parametrize("cls", list(BLOCKS))
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_row_does_not_depend_on_the_rows_beside_it(cls: type, threads: int) -> None:
-    # tiles are 4 outputs x up to 4 rows; 70 outputs leave a padded tile of 2; row counts
-    # cover every tile remainder
+    # tiles are 8 outputs x up to 4 rows; 70 outputs leave a padded tile of 6; row counts
+    # cover every remainder of the row groups
     w, bias, x = _case(m=70)
     layer = cls(w, bias)
     before = torch.get_num_threads()
@@ -157,7 +157,7 @@ def test_leading_dims_dtype_and_bad_shapes() -> None:
     assert torch.equal(layer(x.view(2, 3, -1)), layer(x).view(2, 3, -1))
     with pytest.raises(ValueError, match="divisible by 32"):
         Q8Linear(torch.randn(4, 40), None)
-    with pytest.raises(RuntimeError, match=r"records must be uint8 \[ceil\(N/4\), K/32, 144\]"):
+    with pytest.raises(RuntimeError, match=r"records must be uint8 \[ceil\(N/8\), K/32, 288\]"):
         layer.kernels.q8_linear(torch.randn(2, 64), layer.records, 70, None)
 
 

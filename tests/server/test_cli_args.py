@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +30,29 @@ def test_flags_and_defaults() -> None:
     assert parse().model == "qwen2.5-coder-0.5b"
     with pytest.raises(SpecserveError, match="unknown speculative type"):
         parse_types("ngram-nope")
+
+
+def test_the_model_loads_on_the_thread_that_steps_it(
+    tiny_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # one OpenMP team per process (engine/threads.py ComputeThread)
+    from specserve.server import cli_args
+
+    loaded_on = []
+    original = cli_args.build_engine
+
+    def build(*a: Any, **k: Any) -> Any:
+        loaded_on.append(threading.get_ident())
+        return original(*a, **k)
+
+    monkeypatch.setattr(cli_args, "build_engine", build)
+    loop, _, _ = build_server(parse("--model", str(tiny_folder), "--device", "cpu", "-c", "64"))
+    assert loaded_on and loaded_on[0] != threading.get_ident()
+    assert loop.compute.call(threading.get_ident) == loaded_on[0]
+    loop.start()
+    assert loop.alive
+    loop.stop(5)
+    assert not loop.alive
 
 
 def test_built_server_follows_the_flags(tiny_folder: Path) -> None:

@@ -2,7 +2,7 @@
 
 The weights stay in blocks of 32 inputs in memory (q8: int8 + one scale, 1.125 bytes per
 weight; q5: 5-bit + scale and low, 0.875; q4: 4-bit + scale and low, 0.75), stored as the
-kernel's records of 4 outputs x one block (`tile_records`), so a decode step reads under a
+kernel's records of 8 outputs x one block (see `steps`), so a decode step reads under a
 third of float32's bytes in one sequential stream. The kernel quantizes each activation row
 to int8 per block and runs the block dot products on integers, as llama.cpp does on CPUs. A
 row's result never depends on the other rows of the call (the kernel's design;
@@ -20,7 +20,8 @@ from torch import nn
 from specserve.ops.cpu.build import load
 
 GROUP = 32
-TILE = 4  # outputs per record (ops/cpu/lowbit.cpp's layout)
+TILE = 8  # outputs per record: one float32 lane each in ops/cpu/lowbit.cpp
+STEP = 4  # inputs per integer step: a step holds 4 inputs of each of the tile's 8 outputs
 
 
 def q8_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,7 +45,7 @@ def int4_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 
 def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
     """q: [N, K] in 0..15 -> [N, K/2] uint8: a block's byte i holds element i (low nibble)
-    and element i + 16 (high nibble)."""
+    and element i + 16 (high nibble), GGUF's order."""
     n, k = q.shape
     g = q.to(torch.uint8).view(n, k // GROUP, GROUP)
     return (g[..., : GROUP // 2] | (g[..., GROUP // 2 :] << 4)).reshape(n, k // 2).contiguous()
@@ -57,9 +58,8 @@ def q4_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     return pack_nibbles(q), scale.contiguous(), low.contiguous()
 
 
-def q5_blocks(w: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """w: [N, K] -> nibbles [N, K/2] uint8 (pack_nibbles of the low 4 bits), fifth bits
-    [N, K/32, 32] uint8 (0 or 1), scale and low [N, K/32]: w ~ q * scale + low, q 0..31.
+def int5_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w: [N, K] -> q: [N, K] int32 in 0..31, scale and low: [N, K/32] (w ~ q * scale + low).
 
     GGUF Q5_0's own rule: the element of largest magnitude m gets q = 0, so scale = -m / 16
     and low = -16 * scale; Q5_0 weights come back exactly."""
@@ -69,37 +69,95 @@ def q5_blocks(w: torch.Tensor) -> tuple[torch.Tensor, ...]:
     scale = -m / 16
     safe = torch.where(scale == 0, torch.ones_like(scale), scale)
     q = torch.round(g / safe[..., None] + 16).clamp(0, 31).to(torch.int32)
-    fifth = (q >> 4).to(torch.uint8)
-    return pack_nibbles((q & 15).view(n, k)), fifth, scale.contiguous(), -16 * scale
+    return q.view(n, k), scale.contiguous(), -16 * scale
 
 
-def tile_records(parts: list[torch.Tensor]) -> torch.Tensor:
-    """Interleave per-block fields into the kernel's records.
-
-    parts: [N, K/32, bytes] each (e.g. the scale as 4 bytes, then the block's weights) ->
-    [ceil(N/4), K/32, 4 * sum(bytes)] uint8: for each tile of 4 outputs and each block, the
-    first part of the 4 outputs, then the second part of the 4, and so on. N is padded with
-    zero outputs."""
-    n, nb = parts[0].shape[:2]
-    pad = -n % TILE
-    fields = []
-    for part in parts:
-        b = part.contiguous().view(torch.uint8).reshape(n, nb, -1)
-        size = b.shape[-1]
-        b = torch.cat([b, b.new_zeros(pad, nb, size)]) if pad else b
-        fields.append(b.view(-1, TILE, nb, size).transpose(1, 2).reshape(-1, nb, TILE * size))
-    return torch.cat(fields, dim=-1).contiguous()
+def q5_blocks(w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """w: [N, K] -> nibbles [N, K/2] uint8 (pack_nibbles of the low 4 bits), fifth bits
+    [N, K/32, 32] uint8 (0 or 1), scale and low [N, K/32]: GGUF Q5_0's split of int5_groups."""
+    q, scale, low = int5_groups(w)
+    fifth = (q >> 4).to(torch.uint8).view(w.shape[0], -1, GROUP)
+    return pack_nibbles(q & 15), fifth, scale, low
 
 
-def untile_records(records: torch.Tensor, n: int, sizes: list[int]) -> list[torch.Tensor]:
-    """The inverse of tile_records: [N, K/32, size] uint8 for each field size in bytes."""
-    t, nb, _ = records.shape
-    out, at = [], 0
-    for size in sizes:
-        field = records[..., at : at + TILE * size].reshape(t, nb, TILE, size)
-        out.append(field.transpose(1, 2).reshape(t * TILE, nb, size)[:n].contiguous())
-        at += TILE * size
-    return out
+# The kernel's records (ops/cpu/lowbit.cpp): per tile of 8 outputs and block of 32 inputs,
+# stored [tile][block][record], N padded with zero outputs. A record's fields, in order:
+#   q8: scale[8] float32, weights[8 steps][8 outputs][4] int8                 288 bytes
+#   q4: scale[8], low[8] float32, then steps 2i and 2i+1 in the low and high nibbles of
+#       one [8 outputs][4] byte array each                                   192 bytes
+#   q5: q4's record, then the fifth bits: bit j of byte i is step j's byte i  224 bytes
+
+
+def tiled(t: torch.Tensor) -> torch.Tensor:
+    """[N, K/32, ...] per-block values -> [ceil(N/8), K/32, 8, ...], padded with zeros."""
+    pad = -t.shape[0] % TILE
+    if pad:
+        t = torch.cat([t, t.new_zeros(pad, *t.shape[1:])])
+    return t.view(-1, TILE, *t.shape[1:]).transpose(1, 2)
+
+
+def untiled(t: torch.Tensor, n: int) -> torch.Tensor:
+    """The inverse of tiled: [T, K/32, 8, ...] -> [N, K/32, ...]."""
+    t = t.transpose(1, 2)
+    return t.reshape(-1, *t.shape[2:])[:n]
+
+
+def steps(q: torch.Tensor) -> torch.Tensor:
+    """[N, K] -> [T, K/32, 8 steps, 32]: step j holds inputs 4j..4j+3 of each of a tile's
+    8 outputs, output-major (the bytes one 256-bit load gives the kernel)."""
+    n, k = q.shape
+    t = tiled(q.reshape(n, k // GROUP, GROUP // STEP, STEP))  # [T, nb, out, step, 4]
+    return t.transpose(2, 3).reshape(*t.shape[:2], GROUP // STEP, TILE * STEP)
+
+
+def unsteps(s: torch.Tensor, n: int) -> torch.Tensor:
+    """The inverse of steps: [T, K/32, 8, 32] -> [N, K]."""
+    t, nb = s.shape[:2]
+    per_out = s.view(t, nb, GROUP // STEP, TILE, STEP).transpose(2, 3)  # [T, nb, out, step, 4]
+    return untiled(per_out, n).reshape(n, nb * GROUP)
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """[T, K/32, ...] of any dtype -> [T, K/32, bytes] uint8 (a record field)."""
+    return t.contiguous().view(torch.uint8).reshape(*t.shape[:2], -1)
+
+
+def scale_fields(*per_block: torch.Tensor) -> list[torch.Tensor]:
+    """float32 [N, K/32] values (scale, low) -> their record fields."""
+    return [as_bytes(tiled(v.float())) for v in per_block]
+
+
+def field_values(records: torch.Tensor, at: int, n: int) -> torch.Tensor:
+    """The float32 [N, K/32] values of the 32-byte field at byte `at` of each record."""
+    field = records[..., at : at + TILE * 4].contiguous().view(torch.float32)
+    return untiled(field, n).contiguous()
+
+
+def nibble_steps(q: torch.Tensor) -> torch.Tensor:
+    """q: [N, K] in 0..15 -> [T, K/32, 128] uint8: steps 2i, 2i+1 share a 32-byte array."""
+    s = steps(q.to(torch.uint8))
+    return as_bytes(s[:, :, 0::2] | (s[:, :, 1::2] << 4))
+
+
+def nibbles_from_steps(field: torch.Tensor, n: int) -> torch.Tensor:
+    """The inverse of nibble_steps: [N, K] int64 in 0..15."""
+    t, nb = field.shape[:2]
+    pairs = field.reshape(t, nb, GROUP // STEP // 2, TILE * STEP).long()
+    s = torch.stack([pairs & 15, pairs >> 4], dim=3).view(t, nb, GROUP // STEP, -1)
+    return unsteps(s, n)
+
+
+def fifth_bit_plane(fifth: torch.Tensor) -> torch.Tensor:
+    """[N, K] bits -> [T, K/32, 32] uint8: bit j of byte i is step j's byte i."""
+    s = steps(fifth.to(torch.uint8))
+    shift = torch.arange(GROUP // STEP, dtype=torch.uint8)[:, None]
+    return (s << shift).sum(2, dtype=torch.uint8)  # the steps' bits do not overlap
+
+
+def fifth_bits_from_plane(plane: torch.Tensor, n: int) -> torch.Tensor:
+    """The inverse of fifth_bit_plane: [N, K] int64 bits."""
+    shift = torch.arange(GROUP // STEP)[:, None]
+    return unsteps((plane[:, :, None].long() >> shift) & 1, n)
 
 
 class LowbitLinear(nn.Module):
@@ -141,70 +199,50 @@ class Q8Linear(LowbitLinear):
     KERNEL = "q8_linear"
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        nb = self.blocks_of(weight)
+        self.blocks_of(weight)
         q, scale = q8_blocks(weight)
-        records = tile_records([scale[..., None], q.view(-1, nb, GROUP)])
+        records = torch.cat([*scale_fields(scale), as_bytes(steps(q))], dim=-1)
         super().__init__(records, weight.shape[0], weight.shape[1], bias)
 
     def blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(q [N, K] int8, scale [N, K/32]) back from the records, as q8_blocks gave them."""
-        scale, q = untile_records(self.records, self.out_features, [4, GROUP])
-        return q.view(torch.int8).view(self.out_features, -1), scale.view(torch.float32)[..., 0]
+        n, t, nb = self.out_features, *self.records.shape[:2]
+        q = unsteps(self.records[..., TILE * 4 :].reshape(t, nb, GROUP // STEP, -1), n)
+        return q.view(torch.int8).contiguous(), field_values(self.records, 0, n)
 
 
 class Q4Linear(LowbitLinear):
     KERNEL = "q4_linear"
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        nb = self.blocks_of(weight)
-        q, scale, low = q4_blocks(weight)
-        parts = [scale[..., None], low[..., None], q.view(-1, nb, GROUP // 2)]
-        super().__init__(tile_records(parts), weight.shape[0], weight.shape[1], bias)
+        self.blocks_of(weight)
+        q, scale, low = int4_groups(weight)
+        records = torch.cat([*scale_fields(scale, low), nibble_steps(q)], dim=-1)
+        super().__init__(records, weight.shape[0], weight.shape[1], bias)
 
     def blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(packed [N, K/2] uint8, scale, low [N, K/32]) back from the records."""
-        scale, low, q = untile_records(self.records, self.out_features, [4, 4, GROUP // 2])
-        f32 = torch.float32
-        return q.view(self.out_features, -1), scale.view(f32)[..., 0], low.view(f32)[..., 0]
-
-
-def fifth_bit_planes(fifth: torch.Tensor) -> torch.Tensor:
-    """[N, K/32, 32] fifth bits -> [ceil(N/4), K/32, 16] uint8: for each tile of 4 outputs,
-    bit c of byte j is output c's element j and bit c + 4 its element j + 16 (the layout
-    ops/cpu/lowbit.cpp's Q5 reads)."""
-    n, nb, _ = fifth.shape
-    t = torch.cat([fifth, fifth.new_zeros(-n % TILE, nb, GROUP)]).view(-1, TILE, nb, GROUP)
-    shift = torch.arange(TILE, dtype=torch.uint8)[None, :, None, None]
-    planes = (t[..., : GROUP // 2] << shift) | (t[..., GROUP // 2 :] << (shift + TILE))
-    return planes.sum(1, dtype=torch.uint8)  # the 4 outputs' bits do not overlap
-
-
-def fifth_bits_from_planes(planes: torch.Tensor, n: int) -> torch.Tensor:
-    """The inverse of fifth_bit_planes: [N, K/32, 32] uint8 bits."""
-    t, nb, _ = planes.shape
-    c = torch.arange(TILE, dtype=torch.uint8)[None, :, None, None]
-    p = planes[:, None]  # [T, 1, nb, 16]
-    bits = torch.cat([(p >> c) & 1, (p >> (c + TILE)) & 1], dim=-1)  # [T, 4, nb, 32]
-    return bits.reshape(t * TILE, nb, GROUP)[:n]
+        n, r = self.out_features, self.records
+        q = nibbles_from_steps(r[..., 2 * TILE * 4 :], n)
+        return pack_nibbles(q), field_values(r, 0, n), field_values(r, TILE * 4, n)
 
 
 class Q5Linear(LowbitLinear):
     KERNEL = "q5_linear"
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        nb = self.blocks_of(weight)
-        q, fifth, scale, low = q5_blocks(weight)
-        records = tile_records([scale[..., None], low[..., None], q.view(-1, nb, GROUP // 2)])
-        records = torch.cat([records, fifth_bit_planes(fifth)], dim=-1)
-        super().__init__(records, weight.shape[0], weight.shape[1], bias)
+        self.blocks_of(weight)
+        q, scale, low = int5_groups(weight)
+        fields = [*scale_fields(scale, low), nibble_steps(q & 15), fifth_bit_plane(q >> 4)]
+        super().__init__(torch.cat(fields, dim=-1), weight.shape[0], weight.shape[1], bias)
 
     def blocks(self) -> tuple[torch.Tensor, ...]:
         """(nibbles [N, K/2], fifth bits [N, K/32, 32], scale, low) back from the records."""
-        n, sizes = self.out_features, [4, 4, GROUP // 2]
-        scale, low, q = untile_records(self.records[..., : TILE * sum(sizes)], n, sizes)
-        fifth = fifth_bits_from_planes(self.records[..., TILE * sum(sizes) :], n)
-        f32 = torch.float32
-        return q.view(n, -1), fifth, scale.view(f32)[..., 0], low.view(f32)[..., 0]
+        n, r = self.out_features, self.records
+        nibbles = nibbles_from_steps(r[..., 2 * TILE * 4 : -TILE * 4], n)
+        fifth = fifth_bits_from_plane(r[..., -TILE * 4 :], n).to(torch.uint8)
+        scale, low = field_values(r, 0, n), field_values(r, TILE * 4, n)
+        return pack_nibbles(nibbles), fifth.view(n, -1, GROUP), scale, low
 
 
 class FusedLowbit(nn.Module):
@@ -215,8 +253,7 @@ class FusedLowbit(nn.Module):
     `FusedPart`s, so the model code is the same in every weight mode: the first part called
     with an input computes all outputs, the parts after it in the same pass slice them. The
     outputs are bit-identical to the separate layers' (an output's arithmetic depends only on
-    its own records and x; every part's out_features is a multiple of the tile, so no tile
-    straddles two parts).
+    its own records and x). Stacking records needs every part to fill whole tiles.
     """
 
     def __init__(self, parts: list[LowbitLinear]) -> None:

@@ -1,41 +1,47 @@
 // Weight-only low-bit linears for AVX2 CPUs: y[M, N] = x[M, K] @ W^T (+ bias), float32 in
 // and out, weights kept in blocks of 32 inputs:
 //   q8: W = s * q,        q int8,  one float32 scale per block (GGUF Q8_0's own layout)
-//   q4: W = s * q + low,  q 0..15, one float32 scale and low per block; a block's 16 bytes
-//       hold element i in the low nibble of byte i and element i + 16 in its high nibble.
-//   q5: W = s * q + low,  q 0..31: q4's nibbles plus each element's fifth bit (GGUF
-//       Q5_0's values come back exactly: low = -16 s).
+//   q4: W = s * q + low,  q 0..15, one float32 scale and low per block
+//   q5: W = s * q + low,  q 0..31 (GGUF Q5_0's values come back exactly: low = -16 s)
 //
 // Why a kernel of our own: one decode step reads every weight once, so its time is weight
 // bytes / memory bandwidth. torch's float32 path reads 4 bytes per weight; its int8/int4 CPU
 // kernels want bf16 activations, which AVX2 has no instructions for, and are compute-bound
-// here. These read 1.125 (q8) or 0.75 (q4) bytes per weight.
-//
-// Memory layout (made by models/layers/lowbit.py): outputs in tiles of 4 (N padded with
-// zero outputs), and for each tile and block one record holding the 4 outputs' block:
-//   q8: float s[4]; int8 q[4][32]                  144 bytes
-//   q4: float s[4]; float low[4]; uint8 q[4][16]    96 bytes
-//   q5: q4's record, then uint8 fifth_bits[16]     112 bytes (layout at struct Q5)
-// stored [tile][block][record]. A thread walking its tiles reads one sequential stream,
-// which the prefetchers follow at full speed; with one row per output matrix, separate
-// scale arrays and 4 outputs read side by side, the same kernel reached half the
-// bandwidth (lm_head of the 0.5B, 2 threads: 12.7 ms against 6.4 ms).
+// here. These read 1.125 (q8), 0.875 (q5) or 0.75 (q4) bytes per weight.
 //
 // As llama.cpp does on CPUs, each row of x is first quantized to int8 in blocks of 32 (one
-// scale per block, round to nearest), and a block's dot product runs on integers
-// (maddubs + madd: 32 multiply-adds in two instructions). The 4 outputs' integer sums of a
-// block are gathered into one vector (a transpose) and scaled into one float32 lane per output.
+// scale per block, round to nearest), and a block's dot products run on integers: maddubs
+// multiplies 32 unsigned by 32 signed bytes and adds pairs, madd adds pairs again.
+//
+// Memory layout (made by models/layers/lowbit.py): outputs in tiles of 8, one record per
+// tile and block, stored [tile][block][record] so that a thread walking its tiles reads one
+// sequential stream (at full bandwidth with a prefetch ahead):
+//   q8: float s[8]; int8 w[8 steps][8 outputs][4]                        288 bytes
+//   q4: float s[8]; float low[8]; uint8 w[4][8][4]: step 2i in the low nibbles of
+//       array i, step 2i+1 in its high nibbles                            192 bytes
+//   q5: q4's record, then uint8 fifth[32]: bit j of byte i is step j's byte i   224 bytes
+// A step is 4 consecutive inputs of each of the 8 outputs: one 256-bit vector whose 32-bit
+// lane o is output o. Multiplied by x's 4 bytes broadcast to every lane, maddubs + madd
+// leave output o's 4-input dot in lane o, so the 8 outputs' block dots add up vertically in
+// one vector and meet their scales as one float32 lane each; no horizontal sums. The weight
+// vector is loaded (and for q4/q5 unpacked) once per step and serves every row of x in the
+// tile, so each extra row (verification, prefill, other slots) costs about three
+// instructions per step: broadcast, multiply, add. (The previous layout, 4 outputs per
+// record with a 32-input block per output, spent a transpose per row and block.)
+// q4/q5 products fit in 16 bits for several steps (|q x| <= 31 * 127 per product), so they
+// are summed in 16 bits and widened once or twice per block.
 //
 // Batch invariance by construction: y[m, n] is one vector lane that always runs the same
-// sequence of operations (row m quantized alone; blocks in order; acc = fma(dot, s * d,
-// acc); the same final adds), whatever M is and whichever tile the row lands in. Integer
-// block sums are exact, so the order they are summed in does not matter.
+// sequence of operations (row m quantized alone; blocks in order; exact integer block dots;
+// acc = fma(dot, s * d, acc), then acc = fma(low, d * sum(q_x), acc); the same final add),
+// whatever M is and whichever group of rows the row lands in.
 
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <torch/extension.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernels.h"
@@ -43,8 +49,9 @@
 namespace {
 
 constexpr int64_t BLOCK = 32;
-constexpr int64_t TILE = 4;
-// prefetch this many bytes ahead of the record being read (~8 q8 records)
+constexpr int64_t TILE = 8;
+constexpr int64_t SCALES = TILE * 4;  // bytes of one float32 field of a record
+// prefetch this many bytes ahead of the record being read (4 q8 records)
 constexpr int64_t PREFETCH = 1152;
 
 // x quantized per row in blocks of 32: x ~ d * q; `sum` = d * sum(q), for q4's low term.
@@ -81,106 +88,137 @@ const QuantRows& quantize_rows(const torch::Tensor& x) {
   return r;
 }
 
-// One record's 4 weight blocks in the form the integer dot product takes (maddubs
-// multiplies unsigned bytes by signed ones).
-struct Q8 {
-  static constexpr int64_t RECORD = 16 + TILE * BLOCK;
-  static constexpr bool has_low = false;
-  __m256i w[TILE], sign[TILE];
-  // unsigned operand: |w|; the sign of w moves onto x
-  inline void load(const uint8_t* r) {
-    for (int c = 0; c < TILE; ++c) {
-      sign[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 16 + c * BLOCK));
-      w[c] = _mm256_sign_epi8(sign[c], sign[c]);
-    }
-  }
-  inline __m256i dot(int c, __m256i x) const {
-    const __m256i p = _mm256_maddubs_epi16(w[c], _mm256_sign_epi8(x, sign[c]));
-    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-  }
-  static inline __m128 lows(const uint8_t*) { return _mm_setzero_ps(); }
-};
-
-struct Q4 {
-  static constexpr int64_t RECORD = 32 + TILE * BLOCK / 2;
-  static constexpr bool has_low = true;
-  __m256i w[TILE];
-  inline void load(const uint8_t* r) {
-    const __m128i mask = _mm_set1_epi8(0x0F);
-    for (int c = 0; c < TILE; ++c) {
-      const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + 32 + c * 16));
-      const __m128i l = _mm_and_si128(p, mask), h = _mm_and_si128(_mm_srli_epi16(p, 4), mask);
-      w[c] = _mm256_set_m128i(h, l);  // elements 0..15, then 16..31
-    }
-  }
-  inline __m256i dot(int c, __m256i x) const {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(w[c], x), _mm256_set1_epi16(1));
-  }
-  static inline __m128 lows(const uint8_t* r) {
-    return _mm_loadu_ps(reinterpret_cast<const float*>(r + 16));
-  }
-};
-
-// q4's nibbles plus the fifth bits of the 4 outputs in 16 bytes: bit c of byte j is output
-// c's element j, bit c + 4 its element j + 16. Broadcast to both halves of a vector, one
-// AND + compare per output picks its bits (a 32-bit word per output took twice the work).
-struct Q5 : Q4 {
-  static constexpr int64_t RECORD = Q4::RECORD + 16;
-  inline void load(const uint8_t* r) {
-    Q4::load(r);
-    const __m256i planes = _mm256_broadcastsi128_si256(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + Q4::RECORD)));
-    const __m256i sixteen = _mm256_set1_epi8(16);
-    for (int c = 0; c < TILE; ++c) {
-      const __m256i bit = _mm256_setr_m128i(_mm_set1_epi8(static_cast<char>(1 << c)),
-                                            _mm_set1_epi8(static_cast<char>(1 << (c + 4))));
-      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(planes, bit), bit);
-      w[c] = _mm256_or_si256(w[c], _mm256_and_si256(set, sixteen));
-    }
-  }
-};
-
-// The 4 outputs' integer dot products with one x block: [dot_0, dot_1, dot_2, dot_3]. A
-// transpose by unpacks and adds (one uop each) instead of hadd (three uops on Zen 3), which
-// bounded the verification rows.
-template <class W>
-inline __m128i dots(const W& w, __m256i x) {
-  const __m256i d0 = w.dot(0, x), d1 = w.dot(1, x), d2 = w.dot(2, x), d3 = w.dot(3, x);
-  // per 128-bit half: [d0 d1 d0 d1] partials, then [d2 d3 d2 d3]
-  const __m256i s01 = _mm256_add_epi32(_mm256_unpacklo_epi32(d0, d1), _mm256_unpackhi_epi32(d0, d1));
-  const __m256i s23 = _mm256_add_epi32(_mm256_unpacklo_epi32(d2, d3), _mm256_unpackhi_epi32(d2, d3));
-  // per half: [d0 d1 d2 d3] partials
-  const __m256i h = _mm256_add_epi32(_mm256_unpacklo_epi64(s01, s23), _mm256_unpackhi_epi64(s01, s23));
-  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+inline __m256i load(const uint8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
 
-// y[m0 .. m0+R, n0 .. n0+4) from one tile's records; row r's 4 outputs are one __m128.
+// x's 4 bytes of step j, in every 32-bit lane
+inline __m256i broadcast4(const int8_t* x, int j) {
+  int32_t v;
+  std::memcpy(&v, x + 4 * j, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// Exact int32 block dots of the record's 8 outputs (one lane each) with R rows' x blocks.
+// maddubs takes an unsigned operand: q8 moves w's sign onto x (sign_epi8), q4/q5 weights
+// are unsigned already (their low term carries the offset).
+struct Q8 {
+  static constexpr int64_t RECORD = SCALES + TILE * BLOCK;
+  static constexpr bool has_low = false;
+  template <int R>
+  static inline void dots(const uint8_t* rec, const int8_t* const* x, __m256i* d) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int r = 0; r < R; ++r) d[r] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      const __m256i w = load(rec + SCALES + 32 * j), wabs = _mm256_sign_epi8(w, w);
+      for (int r = 0; r < R; ++r) {
+        const __m256i p = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(broadcast4(x[r], j), w));
+        d[r] = _mm256_add_epi32(d[r], _mm256_madd_epi16(p, ones));  // |p| <= 2 * 127^2
+      }
+    }
+  }
+};
+
+// Steps 2i and 2i+1 of a q4 record (its i-th nibble array), as bytes 0..15.
+inline void nibble_pair(const uint8_t* rec, int i, __m256i& lo, __m256i& hi) {
+  const __m256i mask = _mm256_set1_epi8(0x0F), p = load(rec + 2 * SCALES + 32 * i);
+  lo = _mm256_and_si256(p, mask);
+  hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), mask);
+}
+
+// 16-bit sums of steps 2i and 2i+1 for R rows (each product <= 31 * 127)
+template <int R>
+inline void add_pair(__m256i lo, __m256i hi, const int8_t* const* x, int i, __m256i* s) {
+  for (int r = 0; r < R; ++r) {
+    const __m256i a = _mm256_maddubs_epi16(lo, broadcast4(x[r], 2 * i));
+    const __m256i b = _mm256_maddubs_epi16(hi, broadcast4(x[r], 2 * i + 1));
+    s[r] = _mm256_add_epi16(s[r], _mm256_add_epi16(a, b));
+  }
+}
+
+struct Q4 {
+  static constexpr int64_t RECORD = 2 * SCALES + TILE * BLOCK / 2;
+  static constexpr bool has_low = true;
+  template <int R>
+  static inline void dots(const uint8_t* rec, const int8_t* const* x, __m256i* d) {
+    __m256i s[R];
+    for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_si256();
+    for (int i = 0; i < 4; ++i) {  // 8 steps of 2 products <= 15 * 127: fits 16 bits
+      __m256i lo, hi;
+      nibble_pair(rec, i, lo, hi);
+      add_pair<R>(lo, hi, x, i, s);
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int r = 0; r < R; ++r) d[r] = _mm256_madd_epi16(s[r], ones);
+  }
+};
+
+// Bit J of each byte of the fifth-bit plane, moved to bit 4 (the value 16).
+template <int J>
+inline __m256i fifth(__m256i plane) {
+  const __m256i sixteen = _mm256_set1_epi8(16);
+  // 16-bit shifts: bit J of either byte of a lane lands on bit 4 of the same byte
+  if constexpr (J < 4) return _mm256_and_si256(_mm256_slli_epi16(plane, 4 - J), sixteen);
+  else if constexpr (J == 4) return _mm256_and_si256(plane, sixteen);
+  else return _mm256_and_si256(_mm256_srli_epi16(plane, J - 4), sixteen);
+}
+
+struct Q5 {
+  static constexpr int64_t RECORD = Q4::RECORD + 32;
+  static constexpr bool has_low = true;
+  template <int I, int R>
+  static inline void pair(const uint8_t* rec, __m256i plane, const int8_t* const* x, __m256i* s) {
+    __m256i lo, hi;
+    nibble_pair(rec, I, lo, hi);
+    lo = _mm256_or_si256(lo, fifth<2 * I>(plane));
+    hi = _mm256_or_si256(hi, fifth<2 * I + 1>(plane));
+    add_pair<R>(lo, hi, x, I, s);
+  }
+  template <int R>
+  static inline void dots(const uint8_t* rec, const int8_t* const* x, __m256i* d) {
+    const __m256i plane = load(rec + Q4::RECORD), ones = _mm256_set1_epi16(1);
+    __m256i s[R], t[R];
+    for (int r = 0; r < R; ++r) s[r] = t[r] = _mm256_setzero_si256();
+    // 4 steps of 2 products <= 31 * 127 fit 16 bits: two halves, widened separately
+    pair<0, R>(rec, plane, x, s);
+    pair<1, R>(rec, plane, x, s);
+    pair<2, R>(rec, plane, x, t);
+    pair<3, R>(rec, plane, x, t);
+    for (int r = 0; r < R; ++r)
+      d[r] = _mm256_add_epi32(_mm256_madd_epi16(s[r], ones), _mm256_madd_epi16(t[r], ones));
+  }
+};
+
+// y[m0 .. m0+R, n0 .. n0+8) from one tile's records; row r's 8 outputs are one __m256.
 template <int R, class W>
 inline void tile(const uint8_t* records, const QuantRows& x, int64_t m0, int64_t n0,
                  int64_t n_out, float* y, const float* bias) {
   const int64_t nb = x.nblocks;
-  __m128 acc[R], low[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm_setzero_ps(), low[r] = _mm_setzero_ps();
-  W w;
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* rec = records + b * W::RECORD;
     for (int64_t off = 0; off < W::RECORD; off += 64)
       _mm_prefetch(reinterpret_cast<const char*>(rec + PREFETCH + off), _MM_HINT_T0);
-    w.load(rec);
-    const __m128 scale = _mm_loadu_ps(reinterpret_cast<const float*>(rec));
-    const __m128 lows = W::lows(rec);
+    const int8_t* xb[R];
+    for (int r = 0; r < R; ++r) xb[r] = &x.q[((m0 + r) * nb + b) * BLOCK];
+    __m256i dot[R];
+    W::template dots<R>(rec, xb, dot);
+    const __m256 scale = _mm256_loadu_ps(reinterpret_cast<const float*>(rec));
     for (int r = 0; r < R; ++r) {
       const int64_t i = (m0 + r) * nb + b;
-      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&x.q[i * BLOCK]));
-      const __m128 dot = _mm_cvtepi32_ps(dots(w, xq));  // exact: |dot| < 2^24
-      acc[r] = _mm_fmadd_ps(dot, _mm_mul_ps(scale, _mm_set1_ps(x.d[i])), acc[r]);
-      if constexpr (W::has_low) low[r] = _mm_fmadd_ps(lows, _mm_set1_ps(x.sum[i]), low[r]);
+      const __m256 d = _mm256_cvtepi32_ps(dot[r]);  // exact: |dot| < 2^24
+      acc[r] = _mm256_fmadd_ps(d, _mm256_mul_ps(scale, _mm256_set1_ps(x.d[i])), acc[r]);
+      if constexpr (W::has_low) {
+        const __m256 low = _mm256_loadu_ps(reinterpret_cast<const float*>(rec + SCALES));
+        acc[r] = _mm256_fmadd_ps(low, _mm256_set1_ps(x.sum[i]), acc[r]);
+      }
     }
   }
   const int64_t valid = std::min<int64_t>(TILE, n_out - n0);
   for (int r = 0; r < R; ++r) {
-    alignas(16) float out[TILE];
-    _mm_store_ps(out, _mm_add_ps(acc[r], low[r]));
+    alignas(32) float out[TILE];
+    _mm256_store_ps(out, acc[r]);
     float* row = y + (m0 + r) * n_out + n0;
     for (int c = 0; c < valid; ++c) row[c] = out[c] + (bias ? bias[n0 + c] : 0.0f);
   }
@@ -240,7 +278,7 @@ torch::Tensor linear(torch::Tensor x, const torch::Tensor& records, int64_t n_ou
                   records.dim() == 3 && records.size(0) * TILE >= n_out &&
                   records.size(0) * TILE < n_out + TILE &&
                   records.size(1) * BLOCK == x.size(1) && records.size(2) == W::RECORD,
-              "lowbit linear: records must be uint8 [ceil(N/4), K/32, ", W::RECORD, "]");
+              "lowbit linear: records must be uint8 [ceil(N/8), K/32, ", W::RECORD, "]");
   if (bias) {
     TORCH_CHECK(bias->scalar_type() == torch::kFloat32 && bias->is_contiguous() &&
                     bias->numel() == n_out,
