@@ -11,7 +11,7 @@ from specserve.cache.kv import KVCache
 from specserve.models.batch import FlatBatch
 from specserve.models.config import ModelConfig
 from specserve.models.layers.attention import Attention
-from specserve.models.layers.basic import GatedMLP, RMSNorm, RotaryEmbedding
+from specserve.models.layers.basic import GatedMLP, RMSNorm, RotaryEmbedding, add_norm
 
 
 class Block(nn.Module):
@@ -24,12 +24,22 @@ class Block(nn.Module):
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.activation)
         # gemma: norms on the branch outputs too ("sandwich"); identity elsewhere
         sandwich = cfg.sandwich_norm
-        self.post_attn_norm = RMSNorm(cfg.hidden_size, eps) if sandwich else nn.Identity()
-        self.post_ffn_norm = RMSNorm(cfg.hidden_size, eps) if sandwich else nn.Identity()
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, eps) if sandwich else None
+        self.post_ffn_norm = RMSNorm(cfg.hidden_size, eps) if sandwich else None
 
-    def forward(self, x: torch.Tensor, batch: FlatBatch, cache: KVCache) -> torch.Tensor:
-        x = x + self.post_attn_norm(self.attn(self.attn_norm(x), batch, cache))
-        return x + self.post_ffn_norm(self.mlp(self.ffn_norm(x)))
+    def forward(
+        self, x: torch.Tensor, h: torch.Tensor | None, batch: FlatBatch, cache: KVCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the residual stream; h: the previous block's output, not yet added to x (None
+        in the first block). Returns (x, this block's output): each residual add is left to
+        the norm after it, so the two run as one op (`add_norm`)."""
+        x, normed = (x, self.attn_norm(x)) if h is None else add_norm(x, h, self.attn_norm)
+        a = self.attn(normed, batch, cache)
+        x, normed = add_norm(
+            x, a if self.post_attn_norm is None else self.post_attn_norm(a), self.ffn_norm
+        )
+        m = self.mlp(normed)
+        return x, m if self.post_ffn_norm is None else self.post_ffn_norm(m)
 
 
 class DenseTransformer(nn.Module):
@@ -65,10 +75,11 @@ class DenseTransformer(nn.Module):
         if self.cfg.embed_scale != 1.0:
             # the scale is rounded to the activation dtype first, as transformers does
             x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
+        h = None
         for block in self.layers:
-            x = block(x, batch, cache)
+            x, h = block(x, h, batch, cache)
         cache.advance(batch)
-        return self.norm(x)
+        return self.norm(x) if h is None else add_norm(x, h, self.norm)[1]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from specserve.cache.kv import KVCache
 from specserve.loading.model import linear_modes, load_model
 from specserve.models.batch import FlatBatch
 from specserve.models.layers.lowbit import FusedPart, LowbitLinear, int4_groups
@@ -122,3 +125,44 @@ def test_linears_are_quantized_while_loading_with_a_tied_head(tmp_path) -> None:
     assert torch.equal(streamed.lm_head(x), want(x))
     assert not any(p.is_meta for p in streamed.parameters())
     assert not any(b.is_meta for b in streamed.buffers())
+
+
+@needs_lowbit
+def test_one_op_attention_and_mlp_match_the_op_by_op_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # head_dim 64 and fused q/k/v: Attention runs attend_qkv (rotary, cache writes, attention
+    # in one op), GatedMLP the gated kernel; the op-by-op path must give the same cache and
+    # the same bits (attention) or the same values to float32 rounding (the MLP's exp)
+    from specserve.models.layers import basic
+    from specserve.models.layers.attention import Attention
+
+    hf = make_hf_model("qwen2", seed=5, hidden_size=128, num_attention_heads=2)
+    path = write_gguf(hf, "qwen2", tmp_path / "m.gguf")
+    model = load_model(path, "float32", with_tokenizer=False, weights="int8").model
+    attns = [m for m in model.modules() if isinstance(m, Attention)]
+    assert attns and all(a._one_op and isinstance(a.q, FusedPart) for a in attns)
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(0, VOCAB, (11,), generator=g)
+    step = torch.randint(0, VOCAB, (4,), generator=g)
+
+    def run(one_op: bool) -> tuple[torch.Tensor, KVCache]:
+        for a in attns:
+            a._one_op = one_op
+        cache = model.new_cache(2, 32)
+        with torch.no_grad():
+            model(prompt, FlatBatch.build([0, 1], [0, 0], [7, 4], "cpu"), cache)
+            # then verification-like rows: 3 for slot 1, 1 for slot 0
+            out = model(step, FlatBatch.build([1, 0], [4, 7], [3, 1], "cpu"), cache)
+        return out, cache
+
+    fused_mlp, _ = run(True)
+    monkeypatch.setattr(basic, "joint_output", lambda parts, x: None)  # MLP: op by op
+    got, got_cache = run(True)
+    want, want_cache = run(False)
+    assert torch.equal(got, want)
+    for layer in range(len(attns)):
+        assert torch.equal(got_cache.k[layer], want_cache.k[layer])
+        assert torch.equal(got_cache.v[layer], want_cache.v[layer])
+    assert not torch.equal(fused_mlp, want)  # the gated kernel really ran
+    assert (fused_mlp - want).abs().max().item() < 1e-4 * want.abs().max().item()

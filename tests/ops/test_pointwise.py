@@ -1,13 +1,16 @@
-"""float32 RMSNorm and rotary on the CPU kernels (ops/cpu/pointwise.cpp) against the float64
-torch formulas, and row by row: a row's result does not depend on the rows beside it."""
+"""float32 RMSNorm (alone and after the residual add), the gated MLP activations and rotary on
+the CPU kernels (ops/cpu/pointwise.cpp) against the float64 torch formulas, and row by row: a
+row's result does not depend on the rows beside it."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 
-from specserve.models.layers.basic import RMSNorm, RotaryEmbedding, apply_rotary
-from specserve.ops.cpu.build import problem
+from specserve.models.layers.basic import RMSNorm, RotaryEmbedding, add_norm, apply_rotary
+from specserve.ops.cpu.build import kernels_for, problem
 
 pytestmark = pytest.mark.skipif(problem() is not None, reason=f"CPU kernels: {problem()}")
 
@@ -42,3 +45,42 @@ def test_rotary_kernel() -> None:
     wide = torch.cat([x.reshape(4, -1), torch.randn(4, 7, generator=g)], dim=-1)
     assert torch.equal(apply_rotary(wide[:, :192].view(4, 3, 64), cos, sin), got)
     assert torch.equal(apply_rotary(x[2:3], cos[2:3], sin[2:3]), got[2:3])
+
+
+def test_add_norm_is_the_add_then_the_norm_bit_for_bit() -> None:
+    g = torch.Generator().manual_seed(2)
+    norm = RMSNorm(64, 1e-6)
+    norm.weight.data = torch.randn(64, generator=g)
+    x, y = torch.randn(2, 5, 64, generator=g), torch.randn(2, 5, 64, generator=g)
+    s, n = add_norm(x, y, norm)
+    assert torch.equal(s, x + y) and torch.equal(n, norm(x + y))
+    # float64 takes the torch path: the same values
+    s64, n64 = add_norm(x.double(), y.double(), copy.deepcopy(norm).double())
+    assert (n.double() - n64).abs().max().item() < 1e-5
+    assert torch.equal(add_norm(x[1:], y[1:], norm)[1], n[1:])
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu"])
+def test_gated_kernel(activation: str) -> None:
+    g = torch.Generator().manual_seed(3)
+    kernels = kernels_for(torch.zeros(1))
+    assert kernels is not None
+    # wide range: large |gate| exercises exp's clamp and both signs' formulas
+    gate_up = torch.randn(6, 2 * 40, generator=g) * 6
+    gate_up[0, :8] = torch.tensor([0.0, -0.0, 1e-8, -1e-8, 90.0, -90.0, 200.0, -200.0])
+    got = kernels.gated(gate_up, activation == "silu")
+    g64, u64 = gate_up.double()[:, :40], gate_up.double()[:, 40:]
+    if activation == "silu":
+        act = torch.nn.functional.silu(g64)
+    else:  # tanh-gelu as g * sigmoid(2y): torch's 1 + tanh(y) cancels to 0 for g < -6
+        y = (2 / torch.pi) ** 0.5 * (g64 + 0.044715 * g64**3)
+        act = g64 * torch.sigmoid(2 * y)
+        close = torch.nn.functional.gelu(g64, approximate="tanh")
+        assert (act - close).abs().max().item() < 1e-12
+    want = act * u64
+    # relative, but absolute far in the tail, where float32 y = O(10) leaves exp(-2y) ~1e-5 off
+    assert ((got.double() - want).abs() <= 2e-6 * want.abs() + 1e-9).all()
+    for i in range(6):
+        assert torch.equal(kernels.gated(gate_up[i : i + 1], activation == "silu"), got[i : i + 1])
+    with pytest.raises(RuntimeError, match="I a multiple of 8"):
+        kernels.gated(torch.zeros(2, 20), True)

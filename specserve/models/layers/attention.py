@@ -9,6 +9,8 @@ from specserve.cache.kv import KVCache
 from specserve.models.batch import FlatBatch
 from specserve.models.config import ModelConfig
 from specserve.models.layers.basic import RMSNorm, RotaryEmbedding, apply_rotary
+from specserve.models.layers.lowbit import joint_output
+from specserve.ops.cpu.build import kernels_for
 from specserve.ops.fast.attention import cached_attention
 
 
@@ -33,10 +35,31 @@ class Attention(nn.Module):
         assert cfg.query_scale is not None
         self.scale = cfg.query_scale
         self.per_row = False  # batch-invariant mode (see models/layers/invariant.py)
+        # ops/cpu/attention.cpp attend_qkv covers this layer (no q/k norm, its head size)
+        self._one_op = self.q_norm is None and hd % 64 == 0
 
     def forward(self, x: torch.Tensor, batch: FlatBatch, cache: KVCache) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]; writes this layer's new K/V into the cache."""
         T = x.shape[0]
+        # q/k/v fused into one low-bit call: rotary, cache writes and attention in one op
+        qkv = joint_output((self.q, self.k, self.v), x) if self._one_op else None
+        if qkv is not None and (kernels := kernels_for(qkv)) is not None:
+            cos, sin = self.rope.cos_sin(batch.positions, x.dtype)
+            o = kernels.attend_qkv(
+                qkv,
+                cache.k[self.layer],
+                cache.v[self.layer],
+                cos,
+                sin,
+                batch.slots,
+                batch.starts,
+                batch.cu_seqlens,
+                batch.positions,
+                self.num_heads,
+                self.scale,
+                self.window or 0,
+            )
+            return self.o(o.reshape(T, -1))
         q = self.q(x).view(T, self.num_heads, self.head_dim)
         k = self.k(x).view(T, self.num_kv_heads, self.head_dim)
         v = self.v(x).view(T, self.num_kv_heads, self.head_dim)

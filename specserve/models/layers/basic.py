@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specserve.models.layers.lowbit import joint_output
 from specserve.ops.cpu.build import kernels_for
 
 
@@ -29,6 +30,16 @@ class RMSNorm(nn.Module):
         h = x.float() if x.element_size() < 4 else x
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return (h * self.weight.to(h.dtype)).to(x.dtype)
+
+
+def add_norm(x: torch.Tensor, y: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, ...]:
+    """(x + y, norm(x + y)): a residual add and the norm after it, one op on float32 CPU
+    (ops/cpu/pointwise.cpp add_rms_norm, bit-equal to the two apart)."""
+    kernels = kernels_for(x) if norm.weight.dtype == torch.float32 else None
+    if kernels is not None and x.shape[-1] % 8 == 0 and y.dtype == x.dtype:
+        return tuple(kernels.add_rms_norm(x, y, norm.weight, norm.eps))
+    s = x + y
+    return s, norm(s)
 
 
 class RotaryEmbedding(nn.Module):
@@ -81,9 +92,13 @@ class GatedMLP(nn.Module):
         self.gate = nn.Linear(hidden, inner, bias=False)
         self.up = nn.Linear(hidden, inner, bias=False)
         self.down = nn.Linear(inner, hidden, bias=False)
-        self.activation = activation
+        self.activation, self.inner = activation, inner
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # gate and up fused into one low-bit call: act * mul in one op on its whole output
+        gate_up = joint_output((self.gate, self.up), x) if self.inner % 8 == 0 else None
+        if gate_up is not None and (kernels := kernels_for(gate_up)) is not None:
+            return self.down(kernels.gated(gate_up, self.activation == "silu"))
         g = self.gate(x)
         g = F.silu(g) if self.activation == "silu" else F.gelu(g, approximate="tanh")
         return self.down(g * self.up(x))

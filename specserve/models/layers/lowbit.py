@@ -298,6 +298,21 @@ class FusedPart(nn.Module):
         return self.fused[0].part(self.i, x)
 
 
+def joint_output(parts: tuple[nn.Module, ...], x: torch.Tensor) -> torch.Tensor | None:
+    """The outputs of `parts` side by side from one kernel call, when they are in order all
+    the parts of one FusedLowbit (gate, up -> [..., gate | up]); None otherwise."""
+    first = parts[0]
+    if not isinstance(first, FusedPart):
+        return None
+    fused = first.fused[0]
+    if len(fused.bounds) - 1 != len(parts) or any(
+        not isinstance(p, FusedPart) or p.fused[0] is not fused or p.i != i
+        for i, p in enumerate(parts)
+    ):
+        return None
+    return fused.inner(x)
+
+
 # children that read the same input, in the order the models call them
 FUSE_GROUPS = (("q", "k", "v"), ("gate", "up"))
 

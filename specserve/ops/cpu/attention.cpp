@@ -21,26 +21,6 @@
 
 namespace {
 
-// exp(x) for x <= 0 (softmax inputs after subtracting the max), 8 lanes: x = n ln2 + r with
-// |r| <= ln2 / 2, exp(r) by the degree-7 polynomial of the Cephes library's expf, then times
-// 2^n through the exponent bits. Within ~2 ulp of expf; glibc's scalar expf cost more than
-// the rest of a decode step's attention.
-inline __m256 exp_neg(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));  // keeps 2^n a normal float; exp < 2e-38
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // ln2 in two parts
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f,
-                  5.0000001201e-1f})
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-  p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
 // [sum(a[0]), ..., sum(a[7])]: eight dot-product partials reduced into one vector
 inline __m256 reduce8(const __m256* a) {
   const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
@@ -181,4 +161,30 @@ torch::Tensor cached_attention(torch::Tensor q, torch::Tensor k_cache, torch::Te
     }
   });
   return out;
+}
+
+// A layer's whole attention from its fused q/k/v projection [T, (H + 2 Hkv) D]: rotate q and
+// k, store k and v at their positions in this layer's cache, attend. One call from Python for
+// what took ~15 small ops there (slices, views, two rotaries, the cache writes per slot).
+torch::Tensor attend_qkv(torch::Tensor qkv, torch::Tensor k_cache, torch::Tensor v_cache,
+                         torch::Tensor cos, torch::Tensor sin, const std::vector<int64_t>& slots,
+                         const std::vector<int64_t>& starts, const std::vector<int64_t>& cu,
+                         torch::Tensor positions, int64_t heads, double scale, int64_t window) {
+  TORCH_CHECK(k_cache.dim() == 4, "attention: caches must be [slots, max_len, Hkv, D]");
+  const int64_t T = qkv.size(0), Hkv = k_cache.size(2), D = k_cache.size(3);
+  TORCH_CHECK(qkv.dim() == 2 && qkv.size(1) == (heads + 2 * Hkv) * D,
+              "attend_qkv: qkv must be [T, (heads + 2 kv heads) * head_dim]");
+  TORCH_CHECK(starts.size() == slots.size() && cu.size() == slots.size() + 1 && cu.back() == T,
+              "attend_qkv: slots, starts and cu_seqlens do not describe qkv's rows");
+  auto q = rotary(qkv.narrow(1, 0, heads * D).view({T, heads, D}), cos, sin);
+  auto k = rotary(qkv.narrow(1, heads * D, Hkv * D).view({T, Hkv, D}), cos, sin);
+  auto v = qkv.narrow(1, (heads + Hkv) * D, Hkv * D).view({T, Hkv, D});
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const int64_t n = cu[i + 1] - cu[i];
+    TORCH_CHECK(starts[i] >= 0 && starts[i] + n <= k_cache.size(1),
+                "attend_qkv: rows beyond the cache");
+    k_cache[slots[i]].narrow(0, starts[i], n).copy_(k.narrow(0, cu[i], n));
+    v_cache[slots[i]].narrow(0, starts[i], n).copy_(v.narrow(0, cu[i], n));
+  }
+  return cached_attention(q, k_cache, v_cache, slots, cu, positions, scale, window);
 }
