@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import queue
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from concurrent import futures
@@ -29,7 +30,7 @@ from specserve.engine.engine import Engine, StepOutput
 from specserve.engine.request import Request
 from specserve.engine.threads import ComputeThread
 from specserve.errors import SpecserveError
-from specserve.server.trim import release_freed_memory
+from specserve.server.trim import BUSY_TRIM_S, release_freed_memory
 
 log = logging.getLogger("specserve.server")
 
@@ -136,6 +137,7 @@ class EngineLoop:
         self._generation_tokens = 0
         self._finished: Counter[str] = Counter({"stop": 0, "length": 0, "abort": 0, "error": 0})
         self.trims = 0  # times idle memory was handed back (server/trim.py)
+        self.busy_trims = 0  # ... and trims while busy
 
     # -- event loop side -------------------------------------------------------------------
 
@@ -180,15 +182,20 @@ class EngineLoop:
     # -- engine thread ---------------------------------------------------------------------
     def _run(self) -> None:
         busy = False
+        last_trim = time.monotonic()
         try:
             while not (self._stopping and not self.engine.has_work()):
                 self._read_inbox(block=not self.engine.has_work())
                 if self.engine.has_work():
                     self._step()
                     busy = True
+                    if time.monotonic() - last_trim > BUSY_TRIM_S:  # steady load: see trim.py
+                        self.busy_trims += release_freed_memory(collect=False)
+                        last_trim = time.monotonic()
                 elif busy:  # the last request just ended: hand its memory back
                     busy = False
                     self.trims += release_freed_memory()
+                    last_trim = time.monotonic()
                 self._publish()
         except Exception as e:  # a bug in this loop: fail every request, let /health say so
             log.exception("the engine thread failed")

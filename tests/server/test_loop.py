@@ -95,6 +95,26 @@ def test_memory_is_handed_back_each_time_the_engine_goes_idle(tiny_model: Loaded
         assert deadline, "no trim after the first burst"
         asyncio.run(asyncio.wait_for(burst(), timeout=30))
         assert asyncio.run(_wait_for(lambda: loop.trims == 2)), "one trim per idle, not per step"
+        assert loop.busy_trims == 0  # bursts shorter than BUSY_TRIM_S
+    finally:
+        loop.stop(drain_timeout=5)
+
+
+def test_memory_is_handed_back_under_steady_load_too(
+    tiny_model: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from specserve.server import loop as loop_module
+
+    monkeypatch.setattr(loop_module, "BUSY_TRIM_S", 0.0)  # every step counts as a long while
+    loop = EngineLoop(Engine(ModelRunner(tiny_model.model, num_slots=1, max_len=64)), 0)
+    loop.start()
+
+    async def one() -> None:
+        [ev async for ev in loop.submit(request("a", tiny_model, max_tokens=4)).events()]
+
+    try:
+        asyncio.run(asyncio.wait_for(one(), timeout=30))
+        assert loop.busy_trims >= 3  # a trim after each of the request's steps
     finally:
         loop.stop(drain_timeout=5)
 
