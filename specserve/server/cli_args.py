@@ -46,16 +46,14 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_server(
-    args: argparse.Namespace, compute: ComputeThread | None = None
-) -> tuple[EngineLoop, ServerConfig, LoadedModel]:
+def build_server(args: argparse.Namespace) -> tuple[EngineLoop, ServerConfig, LoadedModel]:
     """Load the model(s) and build the engine loop and HTTP settings the flags describe.
 
-    The loading runs on the thread that will step the engine (`compute`, new if None), so
-    the process keeps one OpenMP team (engine/threads.py ComputeThread says why)."""
+    The loading runs on the thread that will step the engine, so the process keeps one
+    OpenMP team (engine/threads.py ComputeThread says why)."""
     defaults = spec_defaults_from_args(args)  # ValueError if bad
     settings = settings_from_args(args)
-    compute = compute or ComputeThread()
+    compute = ComputeThread()
     try:
         engine, loaded = compute.call(build_engine, settings)
         if loaded.tokenizer is None:

@@ -176,11 +176,10 @@ class LowbitLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.float().contiguous(), False)
 
     @staticmethod
-    def blocks_of(weight: torch.Tensor) -> int:
-        """Blocks of 32 per output row (a clear error when in_features does not divide)."""
+    def check_in_features(weight: torch.Tensor) -> None:
+        """A clear error when in_features is not a whole number of blocks of 32."""
         if weight.shape[1] % GROUP:
             raise ValueError(f"low-bit kernels need in_features divisible by {GROUP}")
-        return weight.shape[1] // GROUP
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2 and x.dtype == torch.float32:  # the models' case: no reshapes, no casts
@@ -201,7 +200,7 @@ class Q8Linear(LowbitLinear):
     KERNEL = "q8_linear"
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.blocks_of(weight)
+        self.check_in_features(weight)
         q, scale = q8_blocks(weight)
         records = torch.cat([*scale_fields(scale), as_bytes(steps(q))], dim=-1)
         super().__init__(records, weight.shape[0], weight.shape[1], bias)
@@ -217,7 +216,7 @@ class Q4Linear(LowbitLinear):
     KERNEL = "q4_linear"
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.blocks_of(weight)
+        self.check_in_features(weight)
         q, scale, low = int4_groups(weight)
         records = torch.cat([*scale_fields(scale, low), nibble_steps(q)], dim=-1)
         super().__init__(records, weight.shape[0], weight.shape[1], bias)
@@ -233,7 +232,7 @@ class Q5Linear(LowbitLinear):
     KERNEL = "q5_linear"
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.blocks_of(weight)
+        self.check_in_features(weight)
         q, scale, low = int5_groups(weight)
         fields = [*scale_fields(scale, low), nibble_steps(q & 15), fifth_bit_plane(q >> 4)]
         super().__init__(torch.cat(fields, dim=-1), weight.shape[0], weight.shape[1], bias)

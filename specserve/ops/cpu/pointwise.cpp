@@ -141,8 +141,7 @@ torch::Tensor rotary(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
   auto y = torch::empty_like(x);
   const float *xp = x.data_ptr<float>(), *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, T * H, std::max<int64_t>(1, 32768 / std::max<int64_t>(D, 1)),
-                   [&](int64_t i0, int64_t i1) {
+  at::parallel_for(0, T * H, row_grain(D), [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const float *v = xp + i * D, *c = cp + (i / H) * D, *s = sp + (i / H) * D;
       float* o = yp + i * D;
