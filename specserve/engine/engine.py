@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specserve.engine.prompt_cache import PromptCache
 from specserve.engine.request import Request, Status
 from specserve.engine.runner import ModelRunner, SlotInput
 from specserve.engine.sampling import apply_penalties, probs_from_logits, resolve_seed
@@ -36,6 +37,7 @@ class Engine:
         prefill_chunk: int = 512,
         cost: ForwardCost | None = None,
         threads: ThreadTuner | None = None,
+        prompt_cache: bool = True,
     ) -> None:
         self.runner = runner
         self.speculator = speculator
@@ -45,7 +47,10 @@ class Engine:
         # thread count per forward by measured speed (None: leave torch's setting alone)
         self.threads = threads
         self.budget = DraftBudget()
-        self.scheduler = Scheduler(runner.memory.num_slots, prefill_chunk)
+        # the mtp speculator needs the target's hidden state at every prompt position, and a
+        # reused prefix has none: no prompt cache with it
+        self.prompts = PromptCache(runner.memory, enabled=prompt_cache and not runner.record_hidden)
+        self.scheduler = Scheduler(runner.memory.num_slots, prefill_chunk, self.prompts)
 
     def add_request(self, req: Request) -> Request:
         max_len = self.runner.memory.max_len
@@ -200,7 +205,8 @@ class Engine:
         req.finish_reason = reason
         req.timings.t_end = time.perf_counter()
         self.scheduler.finish(req)
-        self.runner.free(req.slot)
+        self.runner.retire(req.slot)
+        self.prompts.keep(req.slot, req.context)
         self.budget.reset(req.slot)
         if self.speculator is not None:
             self.speculator.reset(req.slot)

@@ -68,6 +68,14 @@ def add_engine_args(p: argparse.ArgumentParser, default_spec: str, slots: int) -
         help="batch-invariant kernels: a sequence's output never depends on what shares "
         "its batch (slower)",
     )
+    m.add_argument(
+        "--no-cache-prompt",
+        dest="cache_prompt",
+        action="store_false",
+        help="prefill every prompt in full; by default a slot keeps its last request's "
+        "tokens and a new request starts after the prefix it shares with them (a "
+        "follow-up turn, a common system prompt); requests may opt out with cache_prompt",
+    )
     if slots > 1:
         m.add_argument(
             "--parallel", "-np", type=int, default=slots, help=f"parallel slots (default {slots})"
@@ -125,6 +133,7 @@ def settings_from_args(args: argparse.Namespace) -> EngineSettings:
         deterministic=args.deterministic,
         prepack=args.prepack,
         threads=args.threads,
+        cache_prompt=args.cache_prompt,
         rollback=args.rollback,
         snapshot_depth=args.draft_max + 1,  # n_rs_seq: every draft token plus the last one
         snapshot_budget_mb=args.rollback_budget_mb,

@@ -47,7 +47,8 @@ class Timings:
     t_start: float = field(default_factory=time.perf_counter)
     t_first: float | None = None
     t_end: float | None = None
-    prompt_n: int = 0
+    prompt_n: int = 0  # prompt tokens prefilled (llama.cpp's: the cached ones not counted)
+    cache_n: int = 0  # prompt tokens whose state the slot already held (prompt cache)
     predicted_n: int = 0
     draft_n: int = 0
     draft_n_accepted: int = 0
@@ -58,6 +59,7 @@ class Timings:
         prompt_ms = (first - self.t_start) * 1e3
         predicted_ms = (end - first) * 1e3
         return {
+            "cache_n": self.cache_n,
             "prompt_n": self.prompt_n,
             "prompt_ms": prompt_ms,
             "prompt_per_second": self.prompt_n / prompt_ms * 1e3 if prompt_ms > 0 else 0.0,
@@ -84,6 +86,7 @@ class Request:
     finish_reason: str | None = None
     slot: int = -1
     n_prefilled: int = 0
+    cache_prompt: bool = True  # may start after a prefix its slot still holds
     seed: int = 0
     timings: Timings = field(default_factory=Timings)
 

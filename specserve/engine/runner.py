@@ -152,6 +152,11 @@ class ModelRunner:
     def free(self, slot: int) -> None:
         """Forget the slot's sequence (memory, pending verification, hidden states)."""
         self.memory.free(slot)
+        self.retire(slot)
+
+    def retire(self, slot: int) -> None:
+        """The slot's request ended: forget its verification, hidden states and rollback
+        history, but leave its memory (the prompt cache decides what of it to keep)."""
         self._verified.pop(slot, None)
         self._hidden.pop(slot, None)
         self.policy.forget(slot)

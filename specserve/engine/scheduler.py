@@ -1,10 +1,14 @@
-"""Scheduler: parallel slots, admission of waiting requests, chunked prefill."""
+"""Scheduler: parallel slots, admission of waiting requests, chunked prefill.
+
+A new request goes to the free slot the prompt cache picks, and its prefill starts after
+the prefix that slot still holds (engine/prompt_cache.py)."""
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
 
+from specserve.engine.prompt_cache import PromptCache
 from specserve.engine.request import Request, Status
 
 
@@ -20,8 +24,11 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, num_slots: int, prefill_chunk: int = 512) -> None:
-        self.free_slots = list(range(num_slots))[::-1]
+    def __init__(
+        self, num_slots: int, prefill_chunk: int = 512, cache: PromptCache | None = None
+    ) -> None:
+        self.free_slots = list(range(num_slots))[::-1]  # popped from the end
+        self.cache = cache
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.prefill_chunk = prefill_chunk
@@ -34,9 +41,7 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         while self.waiting and self.free_slots:
-            req = self.waiting.popleft()
-            req.slot, req.status = self.free_slots.pop(), Status.PREFILL
-            self.running.append(req)
+            self._admit(self.waiting.popleft())
         plan = StepPlan([], [])
         budget = self.prefill_chunk  # prompt tokens per step, shared by prefilling slots
         for req in self.running:
@@ -48,6 +53,18 @@ class Scheduler:
                 budget -= len(chunk)
                 plan.prefill.append((req, chunk, start + len(chunk) == len(req.prompt)))
         return plan
+
+    def _admit(self, req: Request) -> None:
+        if self.cache is None:
+            req.slot = self.free_slots.pop()
+        else:
+            req.slot = self.cache.pick(self.free_slots, req.prompt, req.cache_prompt)
+            self.free_slots.remove(req.slot)
+            req.n_prefilled = self.cache.claim(req.slot, req.prompt, req.cache_prompt)
+            req.timings.cache_n = req.n_prefilled
+            req.timings.prompt_n = len(req.prompt) - req.n_prefilled
+        req.status = Status.PREFILL
+        self.running.append(req)
 
     def finish(self, req: Request) -> None:
         req.status = Status.FINISHED

@@ -35,6 +35,7 @@ class EngineSettings:
     deterministic: bool = False  # batch-invariant kernels (models/layers/invariant.py)
     prepack: bool = True  # float32 CPU linears on oneDNN's packed weights (layers/packed.py)
     threads: int = 0  # torch threads; 0 = 1 or all per forward, as measured (engine/threads.py)
+    cache_prompt: bool = True  # a slot's next request reuses the prefix it holds
     # recurrent (hybrid) models: how verification rolls state back (engine/rollback.py)
     rollback: str = "auto"  # snapshots | checkpoint | auto
     snapshot_depth: int = DEFAULT_SNAPSHOT_DEPTH  # n_rs_seq = draft max + 1
@@ -108,7 +109,8 @@ def build_engine(
     speculator = _speculator(s, target, runner, progress, draft)
     # drafts are cut to what verifying them costs on this machine, as measured while serving
     cost = ForwardCost(measure=True)
-    return Engine(runner, speculator, cost=cost, threads=_threads(s)), target
+    engine = Engine(runner, speculator, cost=cost, threads=_threads(s), prompt_cache=s.cache_prompt)
+    return engine, target
 
 
 def _threads(s: EngineSettings) -> ThreadTuner | None:

@@ -228,6 +228,7 @@ class Generator:
         params = _sampling(body, self._max_tokens(len(prompt), asked, param))
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         req = EngineRequest(prompt, params, self._spec(body.speculative), self.tok.eog_ids)
+        req.cache_prompt = body.cache_prompt
         try:
             handle = self.loop.submit(req)
         except QueueFull as e:

@@ -83,9 +83,7 @@ class Handle:
 
     def post(self, event: Event) -> None:
         """Engine thread: hand an event to the event loop."""
-        # RuntimeError: the event loop is closed, so nobody is listening any more
-        with contextlib.suppress(RuntimeError):
-            self._aloop.call_soon_threadsafe(self._owner._settle, self, event)
+        post_all([(self, event)])
 
     async def admitted(self) -> None:
         """Wait until the engine has taken the request; raise what it refused it with."""
@@ -108,6 +106,22 @@ class Handle:
         if not self.finished and not self._cancelled:
             self._cancelled = True
             self._owner._inbox.put(("cancel", self))
+
+
+def post_all(events: list[tuple[Handle, Event]]) -> None:
+    """Engine thread: hand events to their handles' event loops, one call per loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Handle, Event]]] = {}
+    for handle, event in events:
+        by_loop.setdefault(handle._aloop, []).append((handle, event))
+    for aloop, batch in by_loop.items():
+        # RuntimeError: the event loop is closed, so nobody is listening any more
+        with contextlib.suppress(RuntimeError):
+            aloop.call_soon_threadsafe(_settle_all, batch)
+
+
+def _settle_all(events: list[tuple[Handle, Event]]) -> None:
+    for handle, event in events:
+        handle._owner._settle(handle, event)
 
 
 class EngineLoop:
@@ -251,10 +265,13 @@ class EngineLoop:
             log.exception("engine step failed")
             self._fail_all(e)
             return
-        for out in outputs:
-            self._deliver(out)
+        # one wake-up of the event loop per step, not one per request: each costs the
+        # event loop thread a turn, taken from the engine's cores
+        ready = [d for d in map(self._deliver, outputs) if d is not None]
+        if ready:
+            post_all(ready)
 
-    def _deliver(self, out: StepOutput) -> None:
+    def _deliver(self, out: StepOutput) -> tuple[Handle, Event] | None:
         req = out.request
         self._generation_tokens += len(out.tokens)
         if out.finished:
@@ -264,8 +281,9 @@ class EngineLoop:
         else:
             handle = self._live.get(req.id)
             timings = None
-        if handle is not None:
-            handle.post(Event(out.tokens, out.finished, req.finish_reason, timings))
+        if handle is None:
+            return None
+        return handle, Event(out.tokens, out.finished, req.finish_reason, timings)
 
     def _fail_all(self, error: Exception) -> None:
         failure = EngineFailure(f"the engine failed: {type(error).__name__}: {error}")
@@ -277,6 +295,7 @@ class EngineLoop:
             except Exception:  # the engine is broken already; the request still ends
                 log.exception("could not free the slot of request %d", handle.request.id)
             handle.post(Event([], True, error=failure))
+        self.engine.prompts.clear()  # what the slots hold may be half-written
 
     def _publish(self) -> None:
         sched = self.engine.scheduler

@@ -3,7 +3,8 @@
 Requests accept (and ignore) fields we do not model, as OpenAI clients send many
 (`user`, `metadata`, ...); fields we do model are type-checked, and a wrong type is a 400.
 Extensions beyond OpenAI (as vLLM and llama.cpp spell them): `top_k`, `min_p`,
-`repetition_penalty`, `stop_token_ids`, and `speculative`:
+`repetition_penalty`, `stop_token_ids`, `cache_prompt` (llama.cpp's: false prefills the
+whole prompt even when its slot holds a prefix of it), and `speculative`:
 
     "speculative": {"types": ["ngram-simple"], "n_max": 8, "n_min": 0, "p_min": 0.0}
 
@@ -73,6 +74,7 @@ class GenerationRequest(BaseModel):
     n: int | None = None
     logprobs: bool | int | None = None
     speculative: SpeculativeSettings | None = None
+    cache_prompt: bool = True  # llama.cpp's: may start after the prefix its slot holds
 
 
 class ContentPart(BaseModel):
@@ -124,6 +126,8 @@ class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    # OpenAI's: prompt tokens served from the prompt cache
+    prompt_tokens_details: dict[str, int] = Field(default_factory=lambda: {"cached_tokens": 0})
 
 
 class AssistantMessage(BaseModel):

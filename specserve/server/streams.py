@@ -70,10 +70,17 @@ def _error(e: Exception) -> str:
     return _data(ErrorResponse(error=ErrorDetail(message=str(e), type="server_error")))
 
 
+def _cached(fin: Finish) -> dict[str, int]:
+    return {"cached_tokens": int(fin.timings.get("cache_n", 0))}
+
+
 def _usage(fin: Finish) -> Usage:
     total = fin.prompt_tokens + fin.completion_tokens
     return Usage(
-        prompt_tokens=fin.prompt_tokens, completion_tokens=fin.completion_tokens, total_tokens=total
+        prompt_tokens=fin.prompt_tokens,
+        completion_tokens=fin.completion_tokens,
+        total_tokens=total,
+        prompt_tokens_details=_cached(fin),
     )
 
 
@@ -180,7 +187,10 @@ def _message_id(ids: Ids) -> str:
 def _responses_usage(fin: Finish) -> ResponsesUsage:
     total = fin.prompt_tokens + fin.completion_tokens
     return ResponsesUsage(
-        input_tokens=fin.prompt_tokens, output_tokens=fin.completion_tokens, total_tokens=total
+        input_tokens=fin.prompt_tokens,
+        output_tokens=fin.completion_tokens,
+        total_tokens=total,
+        input_tokens_details=_cached(fin),
     )
 
 

@@ -8,6 +8,9 @@ checkpoint it took after the previous catch-up and re-feeds from there), then dr
 greedily: one forward per draft position, all drafting slots batched together.
 A slot stops at n_max, or before a token whose draft probability is below p_min
 (llama.cpp's rule); drafts shorter than n_min are dropped by the base class.
+A slot's draft memory outlives its request, as the target's prompt cache does: the next
+request in the slot catches up from the prefix they share (a follow-up turn, a system
+prompt).
 
 Drafts are the draft model's argmax, so they carry no probabilities: verification samples
 the target at each position and accepts while it agrees. That keeps speculation on ==
@@ -21,6 +24,7 @@ from typing import Protocol
 
 import torch
 
+from specserve.engine.prompt_cache import shared_prefix
 from specserve.models.batch import SlotInput
 from specserve.spec.base import Draft, DraftRequest, Speculator
 
@@ -42,15 +46,6 @@ class DraftRunner(Protocol):
     def forward(self, work: list[SlotInput]) -> list[torch.Tensor]: ...
 
 
-def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix: shared_prefix([1, 2, 3], [1, 2, 4]) == 2."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 class DraftModelSpeculator(Speculator):
     name = "draft"
 
@@ -61,13 +56,6 @@ class DraftModelSpeculator(Speculator):
         self.relative_cost = relative_cost
         self.prefill_chunk = prefill_chunk
         self._fed: dict[int, list[int]] = {}  # tokens whose state the draft memory holds
-
-    def _begin(self, slot: int, prompt: Sequence[int]) -> None:
-        self._reset(slot)
-
-    def _reset(self, slot: int) -> None:
-        self.runner.memory.free(slot)
-        self._fed[slot] = []
 
     def _catch_up(self, req: DraftRequest) -> list[int]:
         """Roll the slot back to what it shares with the context; return the tokens to feed

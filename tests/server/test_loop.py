@@ -31,7 +31,9 @@ def test_abort_frees_a_running_slot_and_drops_a_waiting_request(tiny_model: Load
     engine.abort(waiting)
     engine.abort(running)
     engine.abort(running)  # twice is harmless
-    assert not engine.has_work() and engine.runner.memory.length(0) == 0
+    assert not engine.has_work() and engine.scheduler.free_slots == [0]
+    # the slot keeps what the aborted request had fed, for the prompt cache
+    assert engine.runner.memory.length(0) <= len(running.context)
     assert running.finish_reason == waiting.finish_reason == "abort"
     assert waiting.status is Status.FINISHED
     # the freed slot serves the next request exactly as a fresh engine would

@@ -244,6 +244,23 @@ def test_client_raises_typed_errors(live: LiveServer) -> None:
         c.completions.create(model=MODEL_ID, prompt="hi", max_tokens=0)
 
 
+def test_follow_up_turn_reuses_the_cached_prefix(live: LiveServer) -> None:
+    """Turn 2 re-sends turn 1: the slot that served it prefills only the new part, and the
+    text equals a full prefill's (`cache_prompt: false`)."""
+    c = client(live)
+    first = c.chat.completions.create(model=MODEL_ID, messages=HELLO, max_tokens=12, temperature=0)
+    answer = {"role": "assistant", "content": first.choices[0].message.content}
+    turn = [*HELLO, answer, {"role": "user", "content": "more"}]
+    kw = dict(model=MODEL_ID, messages=turn, max_tokens=12, temperature=0)
+    second = c.chat.completions.create(**kw)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= len(chat_text(HELLO)) and second.timings["cache_n"] == cached
+    assert second.timings["prompt_n"] == second.usage.prompt_tokens - cached
+    full = c.chat.completions.create(**kw, extra_body={"cache_prompt": False})
+    assert full.usage.prompt_tokens_details.cached_tokens == 0
+    assert full.choices[0].message.content == second.choices[0].message.content
+
+
 def test_speculation_off_per_request_is_accepted(live: LiveServer) -> None:
     body = {"messages": HELLO, "max_tokens": 3, "temperature": 0, "speculative": {"types": []}}
     assert post(live, CHAT, body).status_code == 200

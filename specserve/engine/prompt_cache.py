@@ -1,0 +1,83 @@
+"""Prompt cache: a free slot keeps what its last request left in memory, and a new request
+starts its prefill after the longest prefix it shares with that (llama.cpp's
+`cache_prompt`; vLLM's prefix caching, one sequence per slot).
+
+A follow-up chat turn re-sends the whole conversation; in the slot that served the turn
+before, only the new message is prefilled. Requests that share a system prompt share its
+prefill too. Reuse is exact where a token's state does not depend on how it was computed
+(prefill chunk or decode row, which batch-mates): the CPU float32 kernels and
+`--deterministic` guarantee that (tests/engine/test_prompt_cache.py).
+
+Attention KV is kept to any length; recurrent state only to a point it can be restored to
+(the slot's end, its checkpoint or a snapshot; cache/memory.py `restorable`), which is
+exactly where a follow-up turn starts: after the previous answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from specserve.cache.memory import Memory
+
+
+def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix: shared_prefix([1, 2, 3], [1, 2, 4]) == 2."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class PromptCache:
+    """Which tokens each free slot's memory still holds; picks and prepares slots."""
+
+    def __init__(self, memory: Memory, enabled: bool = True) -> None:
+        self.memory = memory
+        self.enabled = enabled
+        self._held: dict[int, list[int]] = {}  # free slot -> the tokens its memory holds
+
+    def keep(self, slot: int, context: Sequence[int]) -> None:
+        """A request left `slot`: hold as much of its context as the memory can return to.
+
+        The memory may hold less than the context (the newest token is never fed) or more
+        (accepted drafts after a stop token); both are cut to what they share."""
+        n = min(len(context), self.memory.length(slot)) if self.enabled else 0
+        n = self.memory.restorable(slot, n)
+        self._settle(slot, n)
+        self._held[slot] = list(context[:n])
+
+    def pick(self, free: Sequence[int], prompt: Sequence[int], use: bool = True) -> int:
+        """The free slot to run `prompt` in: the one holding its longest prefix; else an
+        unused slot (in `free`'s pop order), else the one freed longest ago, so recent
+        conversations keep their prefixes for their next turn."""
+        if use and self.enabled:
+            best = max(free, key=lambda s: self._usable(s, prompt))
+            if self._usable(best, prompt) > 0:
+                return best
+        unused = [s for s in free if not self._held.get(s)]
+        return unused[-1] if unused else free[0]
+
+    def claim(self, slot: int, prompt: Sequence[int], use: bool = True) -> int:
+        """Prepare `slot` for `prompt`: keep the reusable prefix, forget the rest, and
+        return how many prompt tokens need no prefill."""
+        n = self._usable(slot, prompt) if use else 0
+        self._held.pop(slot, None)
+        self._settle(slot, n)
+        return n
+
+    def clear(self) -> None:
+        """Forget every held prefix (after an engine failure the memory is suspect)."""
+        for slot in list(self._held):
+            self.claim(slot, (), use=False)
+
+    def _usable(self, slot: int, prompt: Sequence[int]) -> int:
+        # at least the prompt's last token is fed: its logits give the first new token
+        n = min(shared_prefix(self._held.get(slot, ()), prompt), len(prompt) - 1)
+        return self.memory.restorable(slot, max(n, 0))
+
+    def _settle(self, slot: int, n: int) -> None:
+        if n > 0:
+            self.memory.commit(slot, n)
+        else:
+            self.memory.free(slot)
