@@ -6,7 +6,13 @@ two-thread parallel region waits for whichever thread the OS descheduled, and th
 becomes slower than on one thread (0.5B int8: 65 ms quiet on 2 threads, 97 on 1; under a
 competing busy loop 260 on 2 spinning threads, 107 on 1). Which is faster changes with the
 load, so the engine times each forward on each thread count, by row-count bucket, and runs
-on the faster one, trying the other again every RETRY forwards of that bucket.
+on the faster one, trying the other again for a few forwards every RETRY forwards of that
+bucket. Tries used to be one forward each, and a server serving 4 slots could stay on one
+thread for a whole run (a 77 ms step; 54 ms on two threads in the next run): a lone try is
+a poor sample (after forwards on one thread the other worker sleeps, and its first
+parallel regions pay the wake-up), and a flip back needed 3 good tries of 5, 72 forwards
+apart. So a try is BURST forwards with the first not counted, and one thread must be
+MARGIN faster than all cores to be chosen.
 
 Safe for exactness because the kernels on the hot path give the same bits on any thread
 count: our low-bit kernels compute each output on one thread; oneDNN's packed float32
@@ -30,7 +36,9 @@ import torch
 T = TypeVar("T")
 
 WINDOW = 5  # timings kept per (bucket, threads); their median resists one interrupted step
-RETRY = 24  # forwards of a bucket between tries of the slower thread count
+RETRY = 24  # forwards of a bucket between tries of the other thread count
+BURST = 3  # forwards per try; the first is not kept (the idle workers wake up cold in it)
+MARGIN = 1.1  # fewer threads only when this much faster: noise must not flip the choice
 
 
 class ThreadTuner:
@@ -39,6 +47,7 @@ class ThreadTuner:
         self.options = (1, top) if top > 1 else (1,)
         self._times: dict[tuple[int, int], deque[float]] = {}
         self._count: dict[int, int] = {}
+        self._trial: dict[int, list[int]] = {}  # bucket -> [threads, forwards left]
 
     @staticmethod
     def bucket(rows: int) -> int:
@@ -50,10 +59,14 @@ class ThreadTuner:
         n = self._count.get(b, 0)
         self._count[b] = n + 1
         preferred = self.best(rows)
-        if preferred is None:  # time each count twice first
+        if b in self._trial:
+            threads = self._trial[b][0]
+        elif preferred is None:  # time each count twice first
             threads = next(t for t in self.options if len(self._times.get((b, t), ())) < 2)
         elif n % RETRY == RETRY - 1:  # now and then the other, in case the load changed
             threads = next((t for t in self.options if t != preferred), preferred)
+            if threads != preferred:
+                self._trial[b] = [threads, BURST]
         else:
             threads = preferred
         if torch.get_num_threads() != threads:
@@ -61,16 +74,26 @@ class ThreadTuner:
         return threads
 
     def record(self, rows: int, threads: int, seconds: float) -> None:
-        key = (self.bucket(rows), threads)
-        self._times.setdefault(key, deque(maxlen=WINDOW)).append(seconds)
+        b = self.bucket(rows)
+        trial = self._trial.get(b)
+        if trial is not None and trial[0] == threads:
+            trial[1] -= 1
+            if trial[1] == 0:
+                del self._trial[b]
+            if trial[1] == BURST - 1:
+                return  # the try's first forward: workers woken from sleep, caches cold
+        self._times.setdefault((b, threads), deque(maxlen=WINDOW)).append(seconds)
 
     def best(self, rows: int) -> int | None:
-        """The thread count now preferred for `rows` rows (None until both are measured)."""
+        """The thread count now preferred for `rows` rows (None until both are measured):
+        all cores, unless one thread's median is MARGIN times faster."""
         b = self.bucket(rows)
         timed = [t for t in self.options if len(self._times.get((b, t), ())) >= 2]
         if len(timed) < len(self.options):
             return None
-        return min(timed, key=lambda t: statistics.median(self._times[(b, t)]))
+        median = {t: statistics.median(self._times[(b, t)]) for t in timed}
+        top = self.options[-1]
+        return 1 if median[1] * MARGIN < median[top] else top
 
 
 class ComputeThread:

@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from specserve.engine.threads import RETRY, ComputeThread, ThreadTuner
+from specserve.engine.threads import BURST, MARGIN, RETRY, ComputeThread, ThreadTuner
 from specserve.models.layers.packed import PackedLinear
 
 
@@ -28,13 +28,38 @@ def test_tries_both_then_keeps_the_faster_and_retries_the_other() -> None:
         picked = _run(tuner, 1, {1: 0.10, 2: 0.06}, 4 + 2 * RETRY)
         assert picked[:4] == [1, 1, 2, 2]  # two timings of each first
         assert tuner.best(1) == 2
-        assert picked[4:].count(1) == 2  # one retry of the slower per RETRY forwards
+        # one try of the slower per RETRY forwards, BURST forwards long
+        assert picked[4:].count(1) == 2 * BURST
+        assert [1] * BURST in [picked[i : i + BURST] for i in range(4, len(picked))]
         assert torch.get_num_threads() == picked[-1]
         # the load changes: one thread becomes the faster, and the tuner follows
         _run(tuner, 1, {1: 0.10, 2: 0.30}, 3 * RETRY)
         assert tuner.best(1) == 1
         # buckets are separate: 8 rows has measured nothing yet
         assert tuner.best(8) is None and tuner.best(9) is None
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_try_ignores_its_first_forward_and_one_thread_needs_a_margin() -> None:
+    before = torch.get_num_threads()
+    try:
+        tuner = ThreadTuner(max_threads=2)
+        _run(tuner, 1, {1: 0.10, 2: 0.06}, 4)
+        _run(tuner, 1, {1: 0.05, 2: 0.10}, RETRY)  # the load changes: one thread is faster
+        assert tuner.best(1) == 1
+        # a try of two threads whose first forward is slow (cold workers) and the rest fast
+        picked, times = [], iter([0.5] + [0.04] * 10)
+        for _ in range(2 * RETRY):
+            t = tuner.pick(1)
+            tuner.record(1, t, next(times) if t == 2 else 0.05)
+            picked.append(t)
+        assert 0.5 not in tuner._times[(1, 2)]
+        assert tuner.best(1) == 2 and picked[-1] == 2  # the try's fast forwards won it back
+        # one thread only a little faster than two: not enough to leave all cores
+        tuner = ThreadTuner(max_threads=2)
+        _run(tuner, 1, {1: 0.10, 2: 0.10 * MARGIN * 0.99}, 4)
+        assert tuner.best(1) == 2
     finally:
         torch.set_num_threads(before)
 
