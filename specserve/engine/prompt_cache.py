@@ -47,29 +47,28 @@ class PromptCache:
         self._settle(slot, n)
         self._held[slot] = list(context[:n])
 
-    def pick(self, free: Sequence[int], prompt: Sequence[int], use: bool = True) -> int:
-        """The free slot to run `prompt` in: the one holding its longest prefix; else an
-        unused slot (in `free`'s pop order), else the one freed longest ago, so recent
-        conversations keep their prefixes for their next turn."""
-        if use and self.enabled:
-            best = max(free, key=lambda s: self._usable(s, prompt))
-            if self._usable(best, prompt) > 0:
-                return best
-        unused = [s for s in free if not self._held.get(s)]
-        return unused[-1] if unused else free[0]
+    def take(self, free: Sequence[int], prompt: Sequence[int], use: bool = True) -> tuple[int, int]:
+        """(slot, n): the free slot to run `prompt` in, prepared to keep the n prompt tokens
+        that need no prefill and to forget the rest.
 
-    def claim(self, slot: int, prompt: Sequence[int], use: bool = True) -> int:
-        """Prepare `slot` for `prompt`: keep the reusable prefix, forget the rest, and
-        return how many prompt tokens need no prefill."""
-        n = self._usable(slot, prompt) if use else 0
+        The slot is the one holding the longest reusable prefix; else an unused slot (in
+        `free`'s pop order), else the one freed longest ago, so recent conversations keep
+        their prefixes for their next turn."""
+        usable = {s: self._usable(s, prompt) for s in free} if use and self.enabled else {}
+        slot = max(usable, key=usable.__getitem__, default=-1)
+        n = usable.get(slot, 0)
+        if n == 0:
+            unused = [s for s in free if not self._held.get(s)]
+            slot = unused[-1] if unused else free[0]
         self._held.pop(slot, None)
         self._settle(slot, n)
-        return n
+        return slot, n
 
     def clear(self) -> None:
         """Forget every held prefix (after an engine failure the memory is suspect)."""
         for slot in list(self._held):
-            self.claim(slot, (), use=False)
+            del self._held[slot]
+            self._settle(slot, 0)
 
     def _usable(self, slot: int, prompt: Sequence[int]) -> int:
         # at least the prompt's last token is fed: its logits give the first new token

@@ -24,10 +24,8 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(
-        self, num_slots: int, prefill_chunk: int = 512, cache: PromptCache | None = None
-    ) -> None:
-        self.free_slots = list(range(num_slots))[::-1]  # popped from the end
+    def __init__(self, num_slots: int, prefill_chunk: int, cache: PromptCache) -> None:
+        self.free_slots = list(range(num_slots))[::-1]  # unused ones are taken from the end
         self.cache = cache
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -55,14 +53,10 @@ class Scheduler:
         return plan
 
     def _admit(self, req: Request) -> None:
-        if self.cache is None:
-            req.slot = self.free_slots.pop()
-        else:
-            req.slot = self.cache.pick(self.free_slots, req.prompt, req.cache_prompt)
-            self.free_slots.remove(req.slot)
-            req.n_prefilled = self.cache.claim(req.slot, req.prompt, req.cache_prompt)
-            req.timings.cache_n = req.n_prefilled
-            req.timings.prompt_n = len(req.prompt) - req.n_prefilled
+        req.slot, req.n_prefilled = self.cache.take(self.free_slots, req.prompt, req.cache_prompt)
+        self.free_slots.remove(req.slot)
+        req.timings.cache_n = req.n_prefilled
+        req.timings.prompt_n = len(req.prompt) - req.n_prefilled
         req.status = Status.PREFILL
         self.running.append(req)
 
