@@ -9,7 +9,7 @@ import torch
 
 from specserve.engine.prompt_cache import PromptCache
 from specserve.engine.request import Request, Status
-from specserve.engine.runner import ModelRunner, SlotInput
+from specserve.engine.runner import DEFAULT_SNAPSHOT_DEPTH, ModelRunner, SlotInput
 from specserve.engine.sampling import apply_penalties, probs_from_logits, resolve_seed
 from specserve.engine.scheduler import Scheduler, StepPlan
 from specserve.engine.threads import ThreadTuner
@@ -40,6 +40,9 @@ class Engine:
         prompt_cache: bool = True,
     ) -> None:
         self.runner = runner
+        # a step's logits go into one reused buffer sized for every slot verifying a draft
+        # of the default length (runner.reuse_logits says why)
+        runner.reuse_logits(runner.memory.num_slots * DEFAULT_SNAPSHOT_DEPTH)
         self.speculator = speculator
         # forward time by row count, so drafts are cut to what verifying them is worth here;
         # unmeasured by default (deterministic draft lengths, for tests)

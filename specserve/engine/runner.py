@@ -19,6 +19,7 @@ from specserve.cache.memory import Memory
 from specserve.engine.rollback import RollbackPolicy
 from specserve.errors import SpecserveError
 from specserve.models.batch import FlatBatch, SlotInput
+from specserve.models.layers.lowbit import writes_into
 from specserve.models.registry import LanguageModel
 
 __all__ = ["ModelRunner", "SlotInput"]
@@ -53,6 +54,7 @@ class ModelRunner:
         # slot -> (first position, final hidden rows [n, D]) not yet taken (see take_hidden)
         self.record_hidden = False
         self._hidden: dict[int, tuple[int, torch.Tensor]] = {}
+        self._logits: torch.Tensor | None = None  # the reused logits buffer (reuse_logits)
         if self.memory.recurrent is not None and self.policy.depth:
             self.memory.recurrent.enable_snapshots(self.policy.depth)
             if rollback == "auto":
@@ -98,8 +100,30 @@ class ModelRunner:
             for w, end in zip(work, batch.cu_seqlens[1:], strict=True)
             for r in range(end - w.n_logits, end)
         ]
-        logits = self.model.logits(hidden[rows])
+        logits = self.model.logits(hidden[rows], out=self._logits_out(len(rows)))
         return list(logits.split([w.n_logits for w in work]))
+
+    def reuse_logits(self, rows: int) -> None:
+        """From now on, write every forward's logits into one buffer, reused (the engine's
+        steps: a step's logits are dead by the next forward; other callers keep theirs).
+
+        Why: verifying 16-token drafts of 4 slots makes 68 x 151936 float32 logits (41 MB)
+        a step. A new tensor each step was either mmapped and page-faulted in every time
+        (~22 ms on a 2-core VM) or left in malloc's heap, where each bigger step raised the
+        server's resident memory again. The buffer holds `rows` rows from the start (grown
+        if a step needs more) and is touched now, so it is resident before any load. Only a
+        low-bit LM head writes into it (models/layers/lowbit.py linear_into): with any other,
+        this does nothing."""
+        if not writes_into(self.model.lm_head):
+            return
+        self._logits = torch.zeros(rows, self.vocab_size, device=self.device)
+
+    def _logits_out(self, rows: int) -> torch.Tensor | None:
+        if self._logits is None:
+            return None
+        if rows > self._logits.shape[0]:
+            self._logits = torch.empty(rows, self.vocab_size, device=self.device)
+        return self._logits[:rows]
 
     def _prepare_verify(self, w: SlotInput, start: int) -> bool:
         """Before a verification: remember its tokens, and give a recurrent model a way

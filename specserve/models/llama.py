@@ -12,6 +12,7 @@ from specserve.models.batch import FlatBatch
 from specserve.models.config import ModelConfig
 from specserve.models.layers.attention import Attention
 from specserve.models.layers.basic import GatedMLP, RMSNorm, RotaryEmbedding, add_norm
+from specserve.models.layers.lowbit import linear_into
 
 
 class Block(nn.Module):
@@ -81,9 +82,10 @@ class DenseTransformer(nn.Module):
         cache.advance(batch)
         return self.norm(x) if h is None else add_norm(x, h, self.norm)[1]
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(hidden)
+    def logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden [N, D] -> [N, V]; into `out` where the LM head can (models/registry.py)."""
+        logits = linear_into(self.lm_head, hidden, out)
         cap = self.cfg.final_logit_softcap
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
+        if cap:  # in place: the logits are this call's own (or the caller's buffer)
+            logits.div_(cap).tanh_().mul_(cap)
         return logits

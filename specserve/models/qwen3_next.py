@@ -19,6 +19,7 @@ from specserve.models.config import LINEAR, HybridConfig
 from specserve.models.layers.basic import GatedMLP, RMSNorm
 from specserve.models.layers.gated_attention import GatedAttention
 from specserve.models.layers.gated_delta import GatedDeltaNet
+from specserve.models.layers.lowbit import linear_into
 from specserve.models.layers.moe import SparseMoE
 
 
@@ -156,5 +157,6 @@ class HybridTransformer(nn.Module):
         cache.advance(batch)
         return self.norm(x)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+    def logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden [N, D] -> [N, V]; into `out` where the LM head can (models/registry.py)."""
+        return linear_into(self.lm_head, hidden, out)

@@ -7,8 +7,9 @@
 
 Every model class has the same surface: cfg, embed, lm_head, new_cache(num_slots,
 max_len) -> its cache, forward(tokens [T], FlatBatch, cache) -> hidden [T, D] and
-logits(hidden [N, D]) -> [N, V]. The runner, the loaders and the speculators never ask
-which one they hold.
+logits(hidden [N, D], out=None) -> [N, V] (written into `out` where the LM head is a
+low-bit kernel: the engine's reused buffer, engine/runner.py). The runner, the loaders and
+the speculators never ask which one they hold.
 """
 
 from __future__ import annotations

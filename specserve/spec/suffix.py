@@ -39,12 +39,13 @@ seen last is followed.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Sequence
 
 from specserve.spec.base import Draft, DraftRequest, Speculator
 from specserve.spec.ngram import check_positive
-from specserve.spec.suffix_trie import Cursor, SuffixTrie, TrieNode
+from specserve.spec.suffix_trie import Cursor, SuffixTrie
 
 _EPS = 1e-6  # alpha * p is floored; keep 0.1 * 30 = 3, not 2.9999
 
@@ -142,7 +143,7 @@ class _Request:
     def __init__(self, depth: int, prompt_len: int) -> None:
         self.tokens: list[int] = []
         self.trie = SuffixTrie(depth)
-        self.loci: list[TrieNode] = []
+        self.loci: list[int] = []  # trie nodes
         self.prompt_len = prompt_len
 
     def extends(self, tokens: Sequence[int]) -> bool:
@@ -170,7 +171,8 @@ class SuffixSpeculator(Speculator):
     min_token_prob: a draft stops before a token whose probability estimate is below this
         [vLLM: suffix_decoding_min_token_prob, 0.1];
     max_global_tokens: most output tokens the global tree holds (0: no global tree); the
-        oldest outputs are removed to make room [128 Ki: about 40-150 MB, 0.3-1.1 kB a token].
+        oldest outputs are removed to make room [128 Ki: ~15-135 MB; ~0.12 kB a token of text
+        seen once, ~1 kB of text seen twice or more, which expands into ~max_depth nodes].
     """
 
     name = "suffix"
@@ -196,14 +198,14 @@ class SuffixSpeculator(Speculator):
         self.max_global_tokens = max_global_tokens
         self._depth = max_depth + 1  # a pattern and the token that follows it
         self.global_trie = SuffixTrie(self._depth)
-        self._outputs: deque[list[int]] = deque()
+        self._outputs: deque[array[int]] = deque()  # 4 bytes a token, not a list's ~40
         self.global_tokens = 0
         self._requests: dict[int, _Request] = {}
 
     def learn(self, output: Sequence[int]) -> None:
         """Add an output to the global tree (done at reset; public to warm the tree up)."""
         cap = self.max_global_tokens
-        seq = [int(t) for t in output[max(0, len(output) - cap) :]] if cap else []
+        seq = array("i", output[max(0, len(output) - cap) :]) if cap else array("i")
         if not seq:
             return
         while self.global_tokens + len(seq) > cap:  # forget the oldest outputs
@@ -272,9 +274,9 @@ class SuffixSpeculator(Speculator):
         while len(draft) < limit:
             step = trie.next_token(cursor) if length <= self.max_depth else None
             node, off = cursor
-            if step is None and off == 0 and length > 1 and node.link is not None:
+            if step is None and off == 0 and length > 1 and trie.link[node] >= 0:
                 # drop the oldest token
-                cursor, length = (node.link, 0), length - 1
+                cursor, length = (trie.link[node], 0), length - 1
                 step = trie.next_token(cursor)
             if step is None:  # drop more: the longest shorter suffix that is followed
                 found = trie.match(window, min(length - 1, self.max_depth))

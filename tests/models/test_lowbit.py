@@ -158,7 +158,20 @@ def test_leading_dims_dtype_and_bad_shapes() -> None:
     with pytest.raises(ValueError, match="divisible by 32"):
         Q8Linear(torch.randn(4, 40), None)
     with pytest.raises(RuntimeError, match=r"records must be uint8 \[ceil\(N/8\), K/32, 288\]"):
-        layer.kernels.q8_linear(torch.randn(2, 64), layer.records, 70, None)
+        layer.kernels.q8_linear(torch.randn(2, 64), layer.records, 70, None, None)
+
+
+@pytest.mark.parametrize("cls", [Q8Linear, Q4Linear, Q5Linear])
+def test_output_into_a_callers_buffer(cls: type) -> None:
+    # the engine's logits buffer: the same bits, written in place, nothing else touched
+    w, bias, x = _case(m=5)
+    layer = cls(w, bias)
+    buf = torch.full((7, 70), float("nan"))
+    y = layer.matmul(x, buf[:5])
+    assert y.data_ptr() == buf.data_ptr() and torch.equal(y, layer.matmul(x))
+    assert buf[5:].isnan().all()
+    with pytest.raises(RuntimeError, match=r"out must be a contiguous float32 CPU tensor \[M, N\]"):
+        layer.matmul(x, buf[:4])
 
 
 def test_zero_rows_and_all_zero_blocks() -> None:

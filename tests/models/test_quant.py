@@ -128,6 +128,33 @@ def test_linears_are_quantized_while_loading_with_a_tied_head(tmp_path) -> None:
 
 
 @needs_lowbit
+def test_runner_writes_logits_into_its_reused_buffer(tmp_path) -> None:  # noqa: ANN001
+    # the engine's steps share one logits buffer (runner.reuse_logits): same logits as a
+    # fresh tensor, the buffer grows when a step needs more rows, and a float head opts out
+    from specserve.engine.runner import ModelRunner, SlotInput
+
+    path = write_gguf(make_hf_model("qwen2", seed=4), "qwen2", tmp_path / "m.gguf")
+    model = load_model(path, "float32", with_tokenizer=False, weights="int8").model
+
+    def work() -> list[SlotInput]:
+        return [SlotInput(0, [1, 2, 3, 4], 2), SlotInput(1, [5, 6, 7], 3)]  # 5 logits rows
+
+    plain, reused = ModelRunner(model, 2, 64), ModelRunner(model, 2, 64)
+    reused.reuse_logits(3)
+    want, got = plain.forward(work()), reused.forward(work())
+    assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+    buf = reused._logits
+    assert buf is not None and buf.shape[0] == 5 and got[0].data_ptr() == buf.data_ptr()
+    (again,) = reused.forward([SlotInput(0, [9])])
+    assert again.data_ptr() == buf.data_ptr() and torch.equal(
+        again, plain.forward([SlotInput(0, [9])])[0]
+    )
+    float_runner = ModelRunner(load_model(path, "float32", with_tokenizer=False).model, 1, 64)
+    float_runner.reuse_logits(4)
+    assert float_runner._logits is None
+
+
+@needs_lowbit
 def test_one_op_attention_and_mlp_match_the_op_by_op_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

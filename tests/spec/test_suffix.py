@@ -52,10 +52,10 @@ def check_trie(trie: SuffixTrie, seqs: list[list[int]], vocab: int, depth: int) 
             if cursor is None:
                 continue
             node, off = cursor
-            if off == 0 and node.children is not None:
-                assert node.count == occurrences, pattern
-            if off == 0 and node.link is not None:  # the string without its first token
-                assert trie.locate(pattern[1:]) == (node.link, 0), pattern
+            if off == 0 and not trie.is_lazy(node):
+                assert trie.count[node] == occurrences, pattern
+            if off == 0 and trie.link[node] >= 0:  # the string without its first token
+                assert trie.locate(pattern[1:]) == (trie.link[node], 0), pattern
             step = trie.next_token(cursor)
             if not follow:
                 assert step is None, pattern
@@ -77,6 +77,41 @@ def test_trie_counts_match_brute_force(seed):
     for n_removed in range(1, len(seqs)):  # oldest first, as the global tree evicts
         trie.remove(seqs[n_removed - 1])
         check_trie(trie, seqs[n_removed:], vocab, depth)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_trie_reuses_freed_nodes(seed):
+    # the global tree's life: add, evict the oldest, add more (into freed node ids)
+    rng = random.Random(seed)
+    vocab, depth = rng.choice([2, 3]), rng.choice([3, 5])
+    seqs = [random_tokens(rng.randrange(10**9), rng.randrange(1, 40), vocab) for _ in range(6)]
+    trie = SuffixTrie(depth)
+    for seq in seqs[:3]:
+        trie.add(seq)
+    for n in range(3, len(seqs)):
+        trie.remove(seqs[n - 3])
+        trie.add(seqs[n])
+        check_trie(trie, seqs[n - 2 : n + 1], vocab, depth)
+    peak = len(trie.count)
+    for seq in seqs[-3:]:
+        trie.remove(seq)
+    assert trie.n_nodes() == 1 and not trie.multi and not trie.seqs  # only the root is left
+    assert trie.locate([seqs[-1][0]]) is None
+    trie.add(seqs[0])
+    assert len(trie.count) <= peak  # grown into freed ids
+    check_trie(trie, seqs[:1], vocab, depth)
+
+
+def test_trie_memory_of_repeated_text():
+    # text seen twice expands into ~depth nodes a token: they must stay small (the global
+    # tree holds up to 128 Ki tokens); objects with a dict each took ~7 kB a token here
+    seqs = [distinct_tokens(10 + i, 128) for i in range(4)]
+    trie = SuffixTrie(depth=25)
+    for seq in seqs + seqs:
+        trie.add(seq)
+    n_tokens = sum(map(len, seqs))
+    assert trie.n_nodes() > 20 * n_tokens  # expanded: ~23 nodes a token
+    assert trie.nbytes() < 1200 * n_tokens
 
 
 # the speculator against the reference ---------------------------------------------------------

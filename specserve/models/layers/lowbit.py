@@ -14,6 +14,8 @@ finds their scales again. Other types are re-quantized from their float32 values
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -188,12 +190,27 @@ class LowbitLinear(nn.Module):
         y = self.matmul(rows.float())
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
-    def matmul(self, rows: torch.Tensor) -> torch.Tensor:
+    def matmul(self, rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """rows [M, K] float32 -> [M, N]; into `out` (contiguous [M, N] float32) if given."""
         kernel = getattr(self.kernels, self.KERNEL)
-        return kernel(rows, self.records, self.out_features, self.bias)
+        return kernel(rows, self.records, self.out_features, self.bias, out)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
+def writes_into(layer: nn.Module) -> bool:
+    """Whether linear_into writes this layer's output into a caller's buffer."""
+    return isinstance(layer, LowbitLinear)
+
+
+def linear_into(layer: nn.Module, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """layer(x), written into `out` ([M, N] float32) where the layer is a low-bit kernel;
+    any other layer (float32, CUDA) returns a new tensor as usual."""
+    floats = x.dtype == torch.float32 and x.dim() == 2
+    if out is not None and isinstance(layer, LowbitLinear) and floats:
+        return layer.matmul(x, out)
+    return cast(torch.Tensor, layer(x))
 
 
 class Q8Linear(LowbitLinear):

@@ -8,11 +8,14 @@
 #include <vector>
 
 torch::Tensor q8_linear(torch::Tensor x, const torch::Tensor& records, int64_t n_out,
-                        const c10::optional<torch::Tensor>& bias);
+                        const c10::optional<torch::Tensor>& bias,
+                        const c10::optional<torch::Tensor>& out);
 torch::Tensor q4_linear(torch::Tensor x, const torch::Tensor& records, int64_t n_out,
-                        const c10::optional<torch::Tensor>& bias);
+                        const c10::optional<torch::Tensor>& bias,
+                        const c10::optional<torch::Tensor>& out);
 torch::Tensor q5_linear(torch::Tensor x, const torch::Tensor& records, int64_t n_out,
-                        const c10::optional<torch::Tensor>& bias);
+                        const c10::optional<torch::Tensor>& bias,
+                        const c10::optional<torch::Tensor>& out);
 
 torch::Tensor cached_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                const std::vector<int64_t>& slots, const std::vector<int64_t>& cu,

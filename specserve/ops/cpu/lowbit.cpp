@@ -244,9 +244,9 @@ constexpr int64_t CHUNK_BYTES = 256 * 1024;
 // y = x @ W^T + bias for a whole call: quantize x's rows, then walk the tiles.
 template <class W>
 torch::Tensor run(const torch::Tensor& x_in, const torch::Tensor& records, int64_t n_out,
-                  const c10::optional<torch::Tensor>& b) {
+                  const c10::optional<torch::Tensor>& b, const c10::optional<torch::Tensor>& out) {
   const int64_t M = x_in.size(0), K = x_in.size(1);
-  auto y = torch::empty({M, n_out}, x_in.options());
+  auto y = out ? *out : torch::empty({M, n_out}, x_in.options());
   if (M == 0) return y;
   const QuantRows& x = quantize_rows(x_in);
   const float* bias = b ? b->data_ptr<float>() : nullptr;
@@ -269,7 +269,8 @@ torch::Tensor run(const torch::Tensor& x_in, const torch::Tensor& records, int64
 
 template <class W>
 torch::Tensor linear(torch::Tensor x, const torch::Tensor& records, int64_t n_out,
-                     const c10::optional<torch::Tensor>& bias) {
+                     const c10::optional<torch::Tensor>& bias,
+                     const c10::optional<torch::Tensor>& out) {
   x = x.contiguous();
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32 && x.dim() == 2,
               "lowbit linear: x must be a 2-D float32 CPU tensor");
@@ -284,22 +285,31 @@ torch::Tensor linear(torch::Tensor x, const torch::Tensor& records, int64_t n_ou
                     bias->numel() == n_out,
                 "lowbit linear: bias must be float32 [N]");
   }
-  return run<W>(x, records, n_out, bias);
+  if (out) {  // a caller's buffer (the engine's logits): no allocation, no page faults
+    TORCH_CHECK(out->device().is_cpu() && out->scalar_type() == torch::kFloat32 &&
+                    out->is_contiguous() && out->dim() == 2 && out->size(0) == x.size(0) &&
+                    out->size(1) == n_out,
+                "lowbit linear: out must be a contiguous float32 CPU tensor [M, N]");
+  }
+  return run<W>(x, records, n_out, bias, out);
 }
 
 }  // namespace
 
 torch::Tensor q8_linear(torch::Tensor x, const torch::Tensor& records, int64_t n_out,
-                        const c10::optional<torch::Tensor>& bias) {
-  return linear<Q8>(std::move(x), records, n_out, bias);
+                        const c10::optional<torch::Tensor>& bias,
+                        const c10::optional<torch::Tensor>& out) {
+  return linear<Q8>(std::move(x), records, n_out, bias, out);
 }
 
 torch::Tensor q4_linear(torch::Tensor x, const torch::Tensor& records, int64_t n_out,
-                        const c10::optional<torch::Tensor>& bias) {
-  return linear<Q4>(std::move(x), records, n_out, bias);
+                        const c10::optional<torch::Tensor>& bias,
+                        const c10::optional<torch::Tensor>& out) {
+  return linear<Q4>(std::move(x), records, n_out, bias, out);
 }
 
 torch::Tensor q5_linear(torch::Tensor x, const torch::Tensor& records, int64_t n_out,
-                        const c10::optional<torch::Tensor>& bias) {
-  return linear<Q5>(std::move(x), records, n_out, bias);
+                        const c10::optional<torch::Tensor>& bias,
+                        const c10::optional<torch::Tensor>& out) {
+  return linear<Q5>(std::move(x), records, n_out, bias, out);
 }
