@@ -41,8 +41,10 @@ class Engine:
     ) -> None:
         self.runner = runner
         # a step's logits go into one reused buffer sized for every slot verifying a draft
-        # of the default length (runner.reuse_logits says why)
-        runner.reuse_logits(runner.memory.num_slots * DEFAULT_SNAPSHOT_DEPTH)
+        # of the default length, or one row a slot without a speculator (runner.reuse_logits
+        # says why; it grows if a step needs more)
+        rows_per_slot = DEFAULT_SNAPSHOT_DEPTH if speculator is not None else 1
+        runner.reuse_logits(runner.memory.num_slots * rows_per_slot)
         self.speculator = speculator
         # forward time by row count, so drafts are cut to what verifying them is worth here;
         # unmeasured by default (deterministic draft lengths, for tests)

@@ -71,6 +71,9 @@ class SuffixTrie:
         self.count, self.out, self.token, self.best = array("i"), array("i"), array("i"), array("i")
         self.seq, self.pos, self.stamp = array("i"), array("i"), array("q")
         self.link, self.kid_token, self.kid = array("i"), array("i"), array("i")
+        self._columns: tuple[array[int], ...] = (self.count, self.out, self.token, self.best)
+        self._columns += (self.seq, self.pos)
+        self._columns += (self.stamp, self.link, self.kid_token, self.kid)
         self.multi: dict[int, dict[int, int]] = {}  # node -> {token: child}, 2+ children
         self.seqs: dict[int, Sequence[int]] = {}  # sequence id -> tokens (a list or an array)
         self._order: deque[int] = deque()  # sequence ids, oldest first
@@ -158,10 +161,7 @@ class SuffixTrie:
 
     def nbytes(self) -> int:
         """The arrays' and child dicts' size (not the sequences, which the caller holds)."""
-        arrays: tuple[array[int], ...] = (self.count, self.out, self.token, self.best)
-        arrays += (self.seq, self.pos)
-        arrays += (self.stamp, self.link, self.kid_token, self.kid)
-        size = sum(a.itemsize * a.buffer_info()[1] for a in arrays)
+        size = sum(a.itemsize * len(a) for a in self._columns)
         return size + sum(map(_dict_bytes, self.multi.values())) + 8 * len(self._free)
 
     # sequences --------------------------------------------------------------------------------

@@ -208,8 +208,8 @@ def linear_into(layer: nn.Module, x: torch.Tensor, out: torch.Tensor | None) -> 
     """layer(x), written into `out` ([M, N] float32) where the layer is a low-bit kernel;
     any other layer (float32, CUDA) returns a new tensor as usual."""
     floats = x.dtype == torch.float32 and x.dim() == 2
-    if out is not None and isinstance(layer, LowbitLinear) and floats:
-        return layer.matmul(x, out)
+    if out is not None and writes_into(layer) and floats:
+        return cast(LowbitLinear, layer).matmul(x, out)
     return cast(torch.Tensor, layer(x))
 
 
