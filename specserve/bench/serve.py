@@ -12,18 +12,26 @@ last token. Speedup is against the 1-slot row with the same speculation setting:
 how much of the extra parallel work the batched forward absorbs (the target is >= 2.5x at
 4 slots). Time to first token includes the wait for a slot, so it grows when slots are
 fewer than clients. `--load` is in serve_load.py.
+
+Each configuration runs `--repeats` times, in rounds that visit every configuration once,
+every other round in reverse order, and the table shows each one's median (and its range).
+Why: on the shared 2-core VMs this was built on, the same 4-row step took 39 ms in one
+minute and 60 ms a few minutes later, so one pass of 1 slot, then 4 slots, measured the
+machine's drift as much as the slots; interleaved rounds give drift to every
+configuration alike, and the median drops a run that caught a slow spell.
 """
 
 from __future__ import annotations
 
 import argparse
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from specserve.bench.report import Column, format_table, out_paths, write_json
 from specserve.bench.server_process import ServerSpec, launch
 from specserve.bench.workload import RunResult, Workload, run_workload, warm_up
+from specserve.errors import SpecserveError
 from specserve.models.layers.quant import WEIGHT_MODES
 from specserve.server.cli_args import DEFAULT_SPEC
 
@@ -35,6 +43,7 @@ COLUMNS = (
     Column("tokens", "total tokens"),
     Column("wall_s", "wall s", ".1f"),
     Column("tok_s", "aggregate tok/s", ".1f"),
+    Column("tok_s_range", "range"),
     Column("speedup", "speedup vs 1 slot", ".2f"),
     Column("ttft_s", "mean TTFT s", ".2f"),
     Column("errors", "errors"),
@@ -56,6 +65,8 @@ class Row:
     errors: int
     speedup: float | None = None  # set once the same spec's smallest-slot row is known
     first_error: str | None = None
+    runs: int = 1  # measured runs this row is the median of
+    tok_s_range: str | None = None  # "min-max" of the runs' tok/s, when more than one
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -91,6 +102,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="speculation settings to run (both; --load runs the first)",
     )
     p.add_argument("--spec-type", default=DEFAULT_SPEC, help=f"the chain for 'on' ({DEFAULT_SPEC})")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs per configuration, in interleaved rounds; the table shows medians (3)",
+    )
     p.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.png")
     p.add_argument("--log-dir", type=Path, default=None, help="keep the servers' logs here")
     p.add_argument(
@@ -120,12 +137,14 @@ def main(args: argparse.Namespace) -> None:
         max_tokens=args.max_tokens,
     )
     with tempfile.TemporaryDirectory(prefix="specserve-bench-") as tmp:
-        rows = run_matrix(args, work, args.log_dir or Path(tmp))
+        runs = run_matrix(args, work, args.log_dir or Path(tmp))
+    rows = medians(runs)
     print(format_table([asdict(r) for r in rows], COLUMNS))
     print(summary(rows))
     if args.out:
         json_path, png_path = out_paths(args.out)
-        write_json(json_path, {"workload": asdict(work), "rows": [asdict(r) for r in rows]})
+        record = {"workload": asdict(work), "rows": [asdict(r) for r in rows]}
+        write_json(json_path, record | {"runs": [asdict(r) for r in runs]})
         plot(rows, png_path)
         print(f"wrote {json_path} and {png_path}")
 
@@ -143,24 +162,50 @@ def server_spec(args: argparse.Namespace, slots: int, spec: str) -> ServerSpec:
     )
 
 
+def run_order(specs: list[str], slots: list[int], repeats: int) -> list[tuple[str, int]]:
+    """Every (spec, slots) once per round, odd rounds reversed: a slow spell of the machine
+    lands on the configurations at both ends of the order alike, not on one of them."""
+    once = [(spec, n) for spec in specs for n in sorted(slots)]
+    return [c for r in range(repeats) for c in (once if r % 2 == 0 else once[::-1])]
+
+
 def run_matrix(args: argparse.Namespace, work: Workload, log_dir: Path) -> list[Row]:
-    """One fresh server per (spec, slots); prints a line as each is measured."""
+    """One fresh server per run; prints a line as each is measured. -> one Row per run."""
+    if args.repeats < 1:
+        raise SpecserveError(f"--repeats must be >= 1, got {args.repeats}")
     log_dir.mkdir(parents=True, exist_ok=True)
-    rows: list[Row] = []
-    for spec in args.spec:
-        for slots in sorted(args.slots or [1, 2, 4]):
-            sspec = server_spec(args, slots, spec)
-            log = log_dir / f"server-np{slots}-spec-{spec}.log"
-            with launch(sspec, log, args.in_process) as server:
-                warm_up(server.url)
-                run = run_workload(server.url, work)
-            r = make_row(sspec, spec, run)
-            rows.append(r)
-            print(
-                f"np={slots} spec {spec}: {r.tokens} tokens in {r.wall_s:.1f}s "
-                f"({r.tok_s:.1f} tok/s), {r.errors} errors",
-                flush=True,
-            )
+    runs: list[Row] = []
+    for i, (spec, slots) in enumerate(run_order(args.spec, args.slots or [1, 2, 4], args.repeats)):
+        sspec = server_spec(args, slots, spec)
+        log = log_dir / f"server-np{slots}-spec-{spec}-{i}.log"
+        with launch(sspec, log, args.in_process) as server:
+            warm_up(server.url)
+            run = run_workload(server.url, work)
+        r = make_row(sspec, spec, run)
+        runs.append(r)
+        print(
+            f"np={slots} spec {spec}: {r.tokens} tokens in {r.wall_s:.1f}s "
+            f"({r.tok_s:.1f} tok/s), {r.errors} errors",
+            flush=True,
+        )
+    return runs
+
+
+def medians(runs: list[Row]) -> list[Row]:
+    """One row per (spec, slots), in first-run order: the run with the median tok/s (the
+    lower middle one of an even count), errors of all runs added up, speedups set."""
+    groups: dict[tuple[str, int], list[Row]] = {}
+    for r in runs:
+        groups.setdefault((r.spec, r.slots), []).append(r)
+    rows = []
+    for same in groups.values():
+        ranked = sorted(same, key=lambda r: r.tok_s)
+        mid = replace(ranked[(len(ranked) - 1) // 2], runs=len(same))
+        mid.errors = sum(r.errors for r in same)
+        mid.first_error = next((r.first_error for r in same if r.first_error), None)
+        if len(same) > 1:
+            mid.tok_s_range = f"{ranked[0].tok_s:.1f}-{ranked[-1].tok_s:.1f}"
+        rows.append(mid)
     set_speedups(rows)
     return rows
 
