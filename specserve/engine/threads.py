@@ -6,13 +6,24 @@ two-thread parallel region waits for whichever thread the OS descheduled, and th
 becomes slower than on one thread (0.5B int8: 65 ms quiet on 2 threads, 97 on 1; under a
 competing busy loop 260 on 2 spinning threads, 107 on 1). Which is faster changes with the
 load, so the engine times each forward on each thread count, by row-count bucket, and runs
-on the faster one, trying the other again for a few forwards every RETRY forwards of that
-bucket. Tries used to be one forward each, and a server serving 4 slots could stay on one
-thread for a whole run (a 77 ms step; 54 ms on two threads in the next run): a lone try is
-a poor sample (after forwards on one thread the other worker sleeps, and its first
-parallel regions pay the wake-up), and a flip back needed 3 good tries of 5, 72 forwards
-apart. So a try is BURST forwards with the first not counted, and one thread must be
-MARGIN faster than all cores to be chosen.
+on the faster one, trying the other again for a few forwards now and then. Tries used to be
+one forward each, and a server serving 4 slots could stay on one thread for a whole run (a
+77 ms step; 54 ms on two threads in the next run): a lone try is a poor sample (after
+forwards on one thread the other worker sleeps, and its first parallel regions pay the
+wake-up), and a flip back needed 3 good tries of 5, 72 forwards apart. So a try is BURST
+forwards with the first not counted, and one thread must be MARGIN faster than all cores to
+be chosen.
+
+Tries cost, though: a try runs BURST forwards on the slower count (a 4-row step of the
+0.5B: ~66 ms on one thread against ~46 on two), and with a try every 24 forwards and each
+new row-count bucket timed twice on one thread first (a 132-row prefill: 1.2 s against
+0.8), a 4-slot engine was 10-15 % slower than with --threads 2 on a quiet machine (48-51 ms
+against 45 ms a 4-row step, alternating runs). So a bucket now starts on all cores (what a
+quiet machine wants), tries one thread first after FIRST_TRY forwards, and each try that
+leaves the choice as it was doubles the gap to the next (RETRY, 2 RETRY, ... up to
+RETRY_MAX forwards); a try that changes the choice, or a preferred count whose time moves
+by a factor SLOWDOWN from what it was after the last try (outside load arriving or
+leaving), brings the next try forward again.
 
 Safe for exactness because the kernels on the hot path give the same bits on any thread
 count: our low-bit kernels compute each output on one thread; oneDNN's packed float32
@@ -29,6 +40,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
@@ -36,9 +48,24 @@ import torch
 T = TypeVar("T")
 
 WINDOW = 5  # timings kept per (bucket, threads); their median resists one interrupted step
-RETRY = 24  # forwards of a bucket between tries of the other thread count
+FIRST_TRY = 4  # forwards of a new bucket (on all cores) before one thread is first tried
+RETRY = 24  # forwards between tries after a try that changed the choice
+RETRY_MAX = 8 * RETRY  # the longest gap, reached after 3 tries in a row that changed nothing
 BURST = 3  # forwards per try; the first is not kept (the idle workers wake up cold in it)
 MARGIN = 1.1  # fewer threads only when this much faster: noise must not flip the choice
+SLOWDOWN = 1.5  # the choice this much slower or faster than after the last try: try soon
+
+
+@dataclass
+class _Bucket:
+    """One row-count bucket: the thread count it runs on and its schedule of tries."""
+
+    choice: int  # the thread count forwards run on outside tries
+    gap: int = FIRST_TRY  # forwards from the end of the last try to the next
+    since: int = 0  # forwards since then
+    trying: int = 0  # the thread count of the try under way (0: none)
+    left: int = 0  # its forwards still to run
+    reference: float = 0.0  # the choice's median time after the last try
 
 
 class ThreadTuner:
@@ -46,54 +73,68 @@ class ThreadTuner:
         top = max_threads or torch.get_num_threads()
         self.options = (1, top) if top > 1 else (1,)
         self._times: dict[tuple[int, int], deque[float]] = {}
-        self._count: dict[int, int] = {}
-        self._trial: dict[int, list[int]] = {}  # bucket -> [threads, forwards left]
+        self._buckets: dict[int, _Bucket] = {}
 
     @staticmethod
     def bucket(rows: int) -> int:
         return rows.bit_length()  # 1, 2-3, 4-7, 8-15, ...
 
+    def _state(self, rows: int) -> _Bucket:
+        b = self.bucket(rows)
+        if b not in self._buckets:  # a new bucket starts on all cores
+            self._buckets[b] = _Bucket(choice=self.options[-1])
+        return self._buckets[b]
+
     def pick(self, rows: int) -> int:
         """The thread count for a forward over `rows` rows; sets torch's to it."""
-        b = self.bucket(rows)
-        n = self._count.get(b, 0)
-        self._count[b] = n + 1
-        preferred = self.best(rows)
-        if b in self._trial:
-            threads = self._trial[b][0]
-        elif preferred is None:  # time each count twice first
-            threads = next(t for t in self.options if len(self._times.get((b, t), ())) < 2)
-        elif n % RETRY == RETRY - 1:  # now and then the other, in case the load changed
-            threads = next((t for t in self.options if t != preferred), preferred)
-            if threads != preferred:
-                self._trial[b] = [threads, BURST]
+        state = self._state(rows)
+        if not state.trying and len(self.options) > 1 and state.since >= state.gap:
+            state.trying = next(t for t in self.options if t != state.choice)
+            state.left = BURST
+            # the other count's old timings were taken under whatever load there was then
+            self._times.pop((self.bucket(rows), state.trying), None)
+        if state.trying:
+            threads = state.trying
         else:
-            threads = preferred
+            threads = state.choice
+            state.since += 1
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
         return threads
 
     def record(self, rows: int, threads: int, seconds: float) -> None:
         b = self.bucket(rows)
-        trial = self._trial.get(b)
-        if trial is not None and trial[0] == threads:
-            trial[1] -= 1
-            if trial[1] == 0:
-                del self._trial[b]
-            if trial[1] == BURST - 1:
-                return  # the try's first forward: workers woken from sleep, caches cold
+        state = self._state(rows)
+        if state.trying == threads:
+            state.left -= 1
+            if state.left < BURST - 1:  # the try's first forward: workers woken from sleep
+                self._keep(b, threads, seconds)
+            if state.left == 0:
+                self._end_try(b, state)
+            return
+        self._keep(b, threads, seconds)
+        if state.reference and threads == state.choice:
+            ratio = statistics.median(self._times[(b, threads)]) / state.reference
+            if not 1 / SLOWDOWN <= ratio <= SLOWDOWN:  # the load changed: still the right count?
+                state.since = state.gap
+
+    def _keep(self, b: int, threads: int, seconds: float) -> None:
         self._times.setdefault((b, threads), deque(maxlen=WINDOW)).append(seconds)
 
-    def best(self, rows: int) -> int | None:
-        """The thread count now preferred for `rows` rows (None until both are measured):
-        all cores, unless one thread's median is MARGIN times faster."""
-        b = self.bucket(rows)
-        timed = [t for t in self.options if len(self._times.get((b, t), ())) >= 2]
-        if len(timed) < len(self.options):
-            return None
-        median = {t: statistics.median(self._times[(b, t)]) for t in timed}
-        top = self.options[-1]
-        return 1 if median[1] * MARGIN < median[top] else top
+    def _end_try(self, b: int, state: _Bucket) -> None:
+        """Compare the try's timings with the choice's recent ones; one thread only when
+        MARGIN times faster than all cores."""
+        median = {t: statistics.median(self._times[(b, t)]) for t in self.options}
+        choice = 1 if median[1] * MARGIN < median[self.options[-1]] else self.options[-1]
+        # a try that changed nothing makes the next one wait twice as long
+        state.gap = RETRY if choice != state.choice else min(max(2 * state.gap, RETRY), RETRY_MAX)
+        state.choice, state.trying, state.since = choice, 0, 0
+        state.reference = median[choice]
+
+    def best(self, rows: int) -> int:
+        """The thread count forwards over `rows` rows now run on outside tries."""
+        state = self._buckets.get(self.bucket(rows))
+        return state.choice if state is not None else self.options[-1]
 
 
 class ComputeThread:

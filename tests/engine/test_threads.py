@@ -3,12 +3,21 @@ a result (what makes tuning it safe for exactness)."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import pytest
 import torch
 
-from specserve.engine.threads import BURST, MARGIN, RETRY, ComputeThread, ThreadTuner
+from specserve.engine.threads import (
+    BURST,
+    FIRST_TRY,
+    MARGIN,
+    RETRY,
+    RETRY_MAX,
+    ComputeThread,
+    ThreadTuner,
+)
 from specserve.models.layers.packed import PackedLinear
 
 
@@ -21,22 +30,43 @@ def _run(tuner: ThreadTuner, rows: int, seconds: dict[int, float], steps: int) -
     return picked
 
 
-def test_tries_both_then_keeps_the_faster_and_retries_the_other() -> None:
+def _tries(picked: list[int]) -> list[int]:
+    """Where each run of one-thread forwards (a try, while two threads are preferred) starts."""
+    return [i for i, t in enumerate(picked) if t == 1 and (i == 0 or picked[i - 1] != 1)]
+
+
+def test_starts_on_all_cores_then_tries_one_thread_less_and_less_often() -> None:
     before = torch.get_num_threads()
     try:
         tuner = ThreadTuner(max_threads=2)
-        picked = _run(tuner, 1, {1: 0.10, 2: 0.06}, 4 + 2 * RETRY)
-        assert picked[:4] == [1, 1, 2, 2]  # two timings of each first
-        assert tuner.best(1) == 2
-        # one try of the slower per RETRY forwards, BURST forwards long
-        assert picked[4:].count(1) == 2 * BURST
-        assert [1] * BURST in [picked[i : i + BURST] for i in range(4, len(picked))]
-        assert torch.get_num_threads() == picked[-1]
-        # the load changes: one thread becomes the faster, and the tuner follows
-        _run(tuner, 1, {1: 0.10, 2: 0.30}, 3 * RETRY)
-        assert tuner.best(1) == 1
-        # buckets are separate: 8 rows has measured nothing yet
-        assert tuner.best(8) is None and tuner.best(9) is None
+        assert tuner.best(1) == 2  # nothing measured: all cores, what a quiet machine wants
+        picked = _run(tuner, 1, {1: 0.10, 2: 0.06}, 2000)
+        starts = _tries(picked)
+        assert picked[:FIRST_TRY] == [2] * FIRST_TRY and starts[0] == FIRST_TRY
+        assert all(picked[i : i + BURST] == [1] * BURST for i in starts)
+        # each try that changed nothing doubles the gap to the next, up to RETRY_MAX
+        gaps = [b - a - BURST for a, b in zip(starts, starts[1:], strict=False)]
+        assert gaps[:6] == [RETRY, 2 * RETRY, 4 * RETRY, 8 * RETRY, RETRY_MAX, RETRY_MAX]
+        assert picked.count(1) < 0.03 * len(picked)  # was one try per RETRY: 12 %
+        assert torch.get_num_threads() == picked[-1] == 2
+        # buckets are separate: 8 rows has measured nothing and starts on all cores
+        assert tuner.pick(8) == 2 and tuner.pick(9) == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_load_change_brings_the_next_try_forward_and_a_flip_resets_the_gap() -> None:
+    before = torch.get_num_threads()
+    try:
+        tuner = ThreadTuner(max_threads=2)
+        _run(tuner, 1, {1: 0.10, 2: 0.06}, 1000)  # quiet: the gap is at its longest
+        # outside load arrives: two threads become 5x slower, one thread 1.5x
+        picked = _run(tuner, 1, {1: 0.15, 2: 0.30}, 10)
+        assert 1 in picked[:6]  # tried within a few forwards, not RETRY_MAX later
+        assert tuner.best(1) == 1 and picked[-1] == 1
+        # the load leaves: one thread is faster too, so two threads are tried soon
+        picked = _run(tuner, 1, {1: 0.10, 2: 0.06}, RETRY + 2 * BURST)
+        assert tuner.best(1) == 2 and picked[-1] == 2
     finally:
         torch.set_num_threads(before)
 
@@ -45,11 +75,10 @@ def test_a_try_ignores_its_first_forward_and_one_thread_needs_a_margin() -> None
     before = torch.get_num_threads()
     try:
         tuner = ThreadTuner(max_threads=2)
-        _run(tuner, 1, {1: 0.10, 2: 0.06}, 4)
-        _run(tuner, 1, {1: 0.05, 2: 0.10}, RETRY)  # the load changes: one thread is faster
+        _run(tuner, 1, {1: 0.05, 2: 0.10}, FIRST_TRY + BURST)  # one thread is faster
         assert tuner.best(1) == 1
         # a try of two threads whose first forward is slow (cold workers) and the rest fast
-        picked, times = [], iter([0.5] + [0.04] * 10)
+        picked, times = [], itertools.chain([0.5], itertools.repeat(0.04))
         for _ in range(2 * RETRY):
             t = tuner.pick(1)
             tuner.record(1, t, next(times) if t == 2 else 0.05)
@@ -58,7 +87,7 @@ def test_a_try_ignores_its_first_forward_and_one_thread_needs_a_margin() -> None
         assert tuner.best(1) == 2 and picked[-1] == 2  # the try's fast forwards won it back
         # one thread only a little faster than two: not enough to leave all cores
         tuner = ThreadTuner(max_threads=2)
-        _run(tuner, 1, {1: 0.10, 2: 0.10 * MARGIN * 0.99}, 4)
+        _run(tuner, 1, {1: 0.10, 2: 0.10 * MARGIN * 0.99}, FIRST_TRY + BURST)
         assert tuner.best(1) == 2
     finally:
         torch.set_num_threads(before)
