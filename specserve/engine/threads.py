@@ -79,20 +79,20 @@ class ThreadTuner:
     def bucket(rows: int) -> int:
         return rows.bit_length()  # 1, 2-3, 4-7, 8-15, ...
 
-    def _state(self, rows: int) -> _Bucket:
-        b = self.bucket(rows)
+    def _state(self, b: int) -> _Bucket:
         if b not in self._buckets:  # a new bucket starts on all cores
             self._buckets[b] = _Bucket(choice=self.options[-1])
         return self._buckets[b]
 
     def pick(self, rows: int) -> int:
         """The thread count for a forward over `rows` rows; sets torch's to it."""
-        state = self._state(rows)
+        b = self.bucket(rows)
+        state = self._state(b)
         if not state.trying and len(self.options) > 1 and state.since >= state.gap:
             state.trying = next(t for t in self.options if t != state.choice)
             state.left = BURST
             # the other count's old timings were taken under whatever load there was then
-            self._times.pop((self.bucket(rows), state.trying), None)
+            self._times.pop((b, state.trying), None)
         if state.trying:
             threads = state.trying
         else:
@@ -104,7 +104,7 @@ class ThreadTuner:
 
     def record(self, rows: int, threads: int, seconds: float) -> None:
         b = self.bucket(rows)
-        state = self._state(rows)
+        state = self._state(b)
         if state.trying == threads:
             state.left -= 1
             if state.left < BURST - 1:  # the try's first forward: workers woken from sleep

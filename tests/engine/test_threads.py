@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -21,6 +22,14 @@ from specserve.engine.threads import (
 from specserve.models.layers.packed import PackedLinear
 
 
+@pytest.fixture
+def restore_threads() -> Iterator[None]:
+    """The tuner sets torch's thread count: give the next test the count it had."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
 def _run(tuner: ThreadTuner, rows: int, seconds: dict[int, float], steps: int) -> list[int]:
     picked = []
     for _ in range(steps):
@@ -35,62 +44,53 @@ def _tries(picked: list[int]) -> list[int]:
     return [i for i, t in enumerate(picked) if t == 1 and (i == 0 or picked[i - 1] != 1)]
 
 
+@pytest.mark.usefixtures("restore_threads")
 def test_starts_on_all_cores_then_tries_one_thread_less_and_less_often() -> None:
-    before = torch.get_num_threads()
-    try:
-        tuner = ThreadTuner(max_threads=2)
-        assert tuner.best(1) == 2  # nothing measured: all cores, what a quiet machine wants
-        picked = _run(tuner, 1, {1: 0.10, 2: 0.06}, 2000)
-        starts = _tries(picked)
-        assert picked[:FIRST_TRY] == [2] * FIRST_TRY and starts[0] == FIRST_TRY
-        assert all(picked[i : i + BURST] == [1] * BURST for i in starts)
-        # each try that changed nothing doubles the gap to the next, up to RETRY_MAX
-        gaps = [b - a - BURST for a, b in zip(starts, starts[1:], strict=False)]
-        assert gaps[:6] == [RETRY, 2 * RETRY, 4 * RETRY, 8 * RETRY, RETRY_MAX, RETRY_MAX]
-        assert picked.count(1) < 0.03 * len(picked)  # was one try per RETRY: 12 %
-        assert torch.get_num_threads() == picked[-1] == 2
-        # buckets are separate: 8 rows has measured nothing and starts on all cores
-        assert tuner.pick(8) == 2 and tuner.pick(9) == 2
-    finally:
-        torch.set_num_threads(before)
+    tuner = ThreadTuner(max_threads=2)
+    assert tuner.best(1) == 2  # nothing measured: all cores, what a quiet machine wants
+    picked = _run(tuner, 1, {1: 0.10, 2: 0.06}, 2000)
+    starts = _tries(picked)
+    assert picked[:FIRST_TRY] == [2] * FIRST_TRY and starts[0] == FIRST_TRY
+    assert all(picked[i : i + BURST] == [1] * BURST for i in starts)
+    # each try that changed nothing doubles the gap to the next, up to RETRY_MAX
+    gaps = [b - a - BURST for a, b in zip(starts, starts[1:], strict=False)]
+    assert gaps[:6] == [RETRY, 2 * RETRY, 4 * RETRY, 8 * RETRY, RETRY_MAX, RETRY_MAX]
+    assert picked.count(1) < 0.03 * len(picked)  # was one try per RETRY: 12 %
+    assert torch.get_num_threads() == picked[-1] == 2
+    # buckets are separate: 8 rows has measured nothing and starts on all cores
+    assert tuner.pick(8) == 2 and tuner.pick(9) == 2
 
 
+@pytest.mark.usefixtures("restore_threads")
 def test_a_load_change_brings_the_next_try_forward_and_a_flip_resets_the_gap() -> None:
-    before = torch.get_num_threads()
-    try:
-        tuner = ThreadTuner(max_threads=2)
-        _run(tuner, 1, {1: 0.10, 2: 0.06}, 1000)  # quiet: the gap is at its longest
-        # outside load arrives: two threads become 5x slower, one thread 1.5x
-        picked = _run(tuner, 1, {1: 0.15, 2: 0.30}, 10)
-        assert 1 in picked[:6]  # tried within a few forwards, not RETRY_MAX later
-        assert tuner.best(1) == 1 and picked[-1] == 1
-        # the load leaves: one thread is faster too, so two threads are tried soon
-        picked = _run(tuner, 1, {1: 0.10, 2: 0.06}, RETRY + 2 * BURST)
-        assert tuner.best(1) == 2 and picked[-1] == 2
-    finally:
-        torch.set_num_threads(before)
+    tuner = ThreadTuner(max_threads=2)
+    _run(tuner, 1, {1: 0.10, 2: 0.06}, 1000)  # quiet: the gap is at its longest
+    # outside load arrives: two threads become 5x slower, one thread 1.5x
+    picked = _run(tuner, 1, {1: 0.15, 2: 0.30}, 10)
+    assert 1 in picked[:6]  # tried within a few forwards, not RETRY_MAX later
+    assert tuner.best(1) == 1 and picked[-1] == 1
+    # the load leaves: one thread is faster too, so two threads are tried soon
+    picked = _run(tuner, 1, {1: 0.10, 2: 0.06}, RETRY + 2 * BURST)
+    assert tuner.best(1) == 2 and picked[-1] == 2
 
 
+@pytest.mark.usefixtures("restore_threads")
 def test_a_try_ignores_its_first_forward_and_one_thread_needs_a_margin() -> None:
-    before = torch.get_num_threads()
-    try:
-        tuner = ThreadTuner(max_threads=2)
-        _run(tuner, 1, {1: 0.05, 2: 0.10}, FIRST_TRY + BURST)  # one thread is faster
-        assert tuner.best(1) == 1
-        # a try of two threads whose first forward is slow (cold workers) and the rest fast
-        picked, times = [], itertools.chain([0.5], itertools.repeat(0.04))
-        for _ in range(2 * RETRY):
-            t = tuner.pick(1)
-            tuner.record(1, t, next(times) if t == 2 else 0.05)
-            picked.append(t)
-        assert 0.5 not in tuner._times[(1, 2)]
-        assert tuner.best(1) == 2 and picked[-1] == 2  # the try's fast forwards won it back
-        # one thread only a little faster than two: not enough to leave all cores
-        tuner = ThreadTuner(max_threads=2)
-        _run(tuner, 1, {1: 0.10, 2: 0.10 * MARGIN * 0.99}, FIRST_TRY + BURST)
-        assert tuner.best(1) == 2
-    finally:
-        torch.set_num_threads(before)
+    tuner = ThreadTuner(max_threads=2)
+    _run(tuner, 1, {1: 0.05, 2: 0.10}, FIRST_TRY + BURST)  # one thread is faster
+    assert tuner.best(1) == 1
+    # a try of two threads whose first forward is slow (cold workers) and the rest fast
+    picked, times = [], itertools.chain([0.5], itertools.repeat(0.04))
+    for _ in range(2 * RETRY):
+        t = tuner.pick(1)
+        tuner.record(1, t, next(times) if t == 2 else 0.05)
+        picked.append(t)
+    assert 0.5 not in tuner._times[(1, 2)]
+    assert tuner.best(1) == 2 and picked[-1] == 2  # the try's fast forwards won it back
+    # one thread only a little faster than two: not enough to leave all cores
+    tuner = ThreadTuner(max_threads=2)
+    _run(tuner, 1, {1: 0.10, 2: 0.10 * MARGIN * 0.99}, FIRST_TRY + BURST)
+    assert tuner.best(1) == 2
 
 
 def _fail() -> None:
@@ -119,17 +119,14 @@ def test_one_core_means_one_option() -> None:
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 8, 16])
+@pytest.mark.usefixtures("restore_threads")
 def test_packed_float32_linear_gives_the_same_bits_on_1_and_2_threads(rows: int) -> None:
     g = torch.Generator().manual_seed(rows)
     linear = torch.nn.Linear(896, 4864)
     layer = PackedLinear(linear)
     x = torch.randn(rows, 896, generator=g)
-    before = torch.get_num_threads()
-    try:
-        outs = []
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
-            outs.append(layer(x))
-    finally:
-        torch.set_num_threads(before)
+    outs = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        outs.append(layer(x))
     assert torch.equal(outs[0], outs[1])
