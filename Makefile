@@ -11,7 +11,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 ARGS ?=
 
-.PHONY: setup test test-all lint format serve models clean
+.PHONY: setup test test-all lint format serve models clean llama-bench
 
 setup: $(STAMP)
 
@@ -46,6 +46,28 @@ lint: setup
 format: setup
 	$(BIN)/ruff format specserve tests
 	$(BIN)/ruff check --fix specserve tests
+
+# llama.cpp's llama-bench, for `specserve bench decode --llama-bench` (llama.cpp on the same GGUF
+# files in the same run). No package ships the binary; llama-cpp-python's source distribution
+# on PyPI carries llama.cpp's source, so it is built from that (~40 min on 2 cores).
+LLAMA_CPP_PY := 0.3.36
+LLAMA_DIR ?= $(HOME)/.cache/specserve/llama.cpp-$(LLAMA_CPP_PY)
+LLAMA_BENCH := $(LLAMA_DIR)/build/bin/llama-bench
+LLAMA_FLAGS := -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+	-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
+
+llama-bench: $(LLAMA_BENCH)
+	@echo "llama-bench: $(LLAMA_BENCH)"
+
+$(LLAMA_BENCH): | setup
+	command -v cmake >/dev/null || $(BIN)/python -m pip install -q cmake
+	mkdir -p $(LLAMA_DIR)
+	$(BIN)/python -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
+		llama-cpp-python==$(LLAMA_CPP_PY) -d $(LLAMA_DIR)
+	tar xzf $(LLAMA_DIR)/llama_cpp_python-$(LLAMA_CPP_PY).tar.gz -C $(LLAMA_DIR) \
+		--strip-components=3 llama_cpp_python-$(LLAMA_CPP_PY)/vendor/llama.cpp
+	PATH="$(abspath $(BIN)):$$PATH" cmake -S $(LLAMA_DIR) -B $(LLAMA_DIR)/build $(LLAMA_FLAGS)
+	PATH="$(abspath $(BIN)):$$PATH" cmake --build $(LLAMA_DIR)/build --target llama-bench -j$$(nproc)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -5,20 +5,24 @@
 
 Speculative decoding pays when verifying k drafted tokens costs about one decode step; the
 `k=N` columns show that ratio (time of one forward over N new tokens / time over 1).
+`--llama-bench PATH` adds llama.cpp's figures on the same GGUF files, measured in the same
+run (bench/llama_cpp.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
-import resource
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from specserve.bench.server_process import read_rss_mib, reset_peak_rss
 from specserve.engine.runner import ModelRunner, SlotInput
+from specserve.errors import SpecserveError
 
 KS = (1, 2, 4, 8, 16)
 
@@ -34,9 +38,22 @@ def add_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--prompt-len", type=int, default=256, help="prompt tokens for prefill")
     p.add_argument("--decode-len", type=int, default=64, help="tokens to decode")
-    p.add_argument("--repeats", type=int, default=5, help="timed repeats per k")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="timed repeats per k and decode passes (medians are reported)",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--json-out", type=Path, default=None, help="also write the rows as JSON")
+    p.add_argument(
+        "--llama-bench",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="also run llama.cpp's llama-bench at PATH on each model's GGUF file (same "
+        "threads, prompt, decode and k columns) and print it as a `llama.cpp` row",
+    )
 
 
 def _timed(fn) -> float:  # noqa: ANN001
@@ -46,13 +63,17 @@ def _timed(fn) -> float:  # noqa: ANN001
 
 
 def measure(runner: ModelRunner, prompt_len: int, decode_len: int, repeats: int) -> dict:
-    """One model: prefill tok/s, greedy decode tok/s, and k-token forward cost ratios."""
+    """One model: prefill tok/s, greedy decode tok/s and k-token forward cost ratios, each from
+    the median of `repeats` timings."""
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, runner.vocab_size, (prompt_len,), generator=g).tolist()
     mem = runner.memory
     runner.prefill(0, prompt[:32])  # warm-up
-    mem.free(0)
-    t_prefill = _timed(lambda: runner.prefill(0, prompt))
+    prefills = []
+    for _ in range(repeats):
+        mem.free(0)
+        prefills.append(_timed(lambda: runner.prefill(0, prompt)))
+    t_prefill = statistics.median(prefills)
     last = prompt[-1]
 
     def decode() -> None:
@@ -61,7 +82,15 @@ def measure(runner: ModelRunner, prompt_len: int, decode_len: int, repeats: int)
             (lg,) = runner.forward([SlotInput(0, [last])])
             last = int(lg[-1].argmax())
 
-    t_decode = _timed(decode)
+    # the median of `repeats` passes from the same context, as llama-bench takes its median
+    # repetition: one pass of a few seconds on a shared VM can land in a slow minute
+    start = mem.length(0)
+    passes = []
+    for _ in range(repeats):
+        mem.commit(0, start)
+        last = prompt[-1]
+        passes.append(_timed(decode))
+    t_decode = statistics.median(passes)
     base = mem.length(0)
     cost = {}
     for k in KS:
@@ -86,6 +115,8 @@ def main(args: argparse.Namespace) -> None:
     rows = []
     for name in args.models:
         for variant in args.variants:
+            gc.collect()  # the previous row's model is gone before this row's peak starts
+            fresh = reset_peak_rss()
             dtype, _, weights = variant.partition("+")
             loaded = load_model(
                 name,
@@ -102,12 +133,33 @@ def main(args: argparse.Namespace) -> None:
                 "dtype": variant,
                 **measure(runner, args.prompt_len, args.decode_len, args.repeats),
             }
-            row["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            row["peak_rss_mb"] = peak_mib() if fresh else None
             rows.append(row)
             print_table(rows[-1:], header=len(rows) == 1)
             del loaded, runner
+        if args.llama_bench:
+            rows.append(_llama_cpp_row(name, args))
+            print_table(rows[-1:], header=len(rows) == 1)
     if args.json_out:
         args.json_out.write_text(json.dumps(rows, indent=2))
+
+
+def peak_mib() -> float:
+    """This process's peak RSS since the last reset_peak_rss (load and measurement)."""
+    return read_rss_mib("self", "VmHWM")
+
+
+def _llama_cpp_row(name: str, args: argparse.Namespace) -> dict:
+    from specserve.bench.llama_cpp import llama_bench_row
+    from specserve.loading.sources import resolve_model
+
+    path = resolve_model(name)
+    if path.suffix != ".gguf":
+        raise SpecserveError(f"--llama-bench needs a GGUF model; {name} is {path}")
+    row = llama_bench_row(
+        args.llama_bench, path, args.threads, args.prompt_len, args.decode_len, args.repeats, KS
+    )
+    return {"model": name, "dtype": "llama.cpp", **row}
 
 
 def print_table(rows: list[dict], header: bool = True) -> None:
@@ -123,5 +175,8 @@ def print_table(rows: list[dict], header: bool = True) -> None:
     if header:
         print(" | ".join(f"{c:>20}" if i < 2 else f"{c:>13}" for i, c in enumerate(cols)))
     for r in rows:
-        cells = [f"{r[c]:>20}" if i < 2 else f"{r[c]:>13.2f}" for i, c in enumerate(cols)]
+        cells = [
+            f"{r[c]:>20}" if i < 2 else f"{'-' if r[c] is None else format(r[c], '.2f'):>13}"
+            for i, c in enumerate(cols)
+        ]
         print(" | ".join(cells), flush=True)

@@ -59,12 +59,23 @@ class ServerSpec:
         return [sys.executable, "-m", "specserve.server.cli_args", *self.flags()]
 
 
-def read_rss_mib(pid: int) -> float:
-    """Resident memory of a process in MiB, from the VmRSS line of /proc/PID/status."""
+def read_rss_mib(pid: int | str, field: str = "VmRSS") -> float:
+    """Resident memory of a process (a pid or "self") in MiB, from /proc/PID/status: VmRSS
+    (now) or VmHWM (its peak since it started or since `reset_peak_rss`)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024  # the kernel reports kB
-    raise SpecserveError(f"no VmRSS for process {pid}")
+    raise SpecserveError(f"no {field} for process {pid}")
+
+
+def reset_peak_rss() -> bool:
+    """Start this process's VmHWM afresh from its current RSS (Linux: clear_refs 5), so one
+    benchmark row's peak does not include an earlier row's; False where that is not allowed."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
 
 
 class _Started:

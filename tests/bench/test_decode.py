@@ -1,0 +1,55 @@
+"""`bench decode`'s measurement on a tiny model: every column is there and sane, and the
+runner's context is back where the k-token forwards need it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specserve.bench.decode import KS, measure
+from specserve.cli import build_parser
+from specserve.engine.runner import ModelRunner
+from specserve.loading.model import load_model
+from tests.tiny import write_hf_folder
+
+
+def test_measure_gives_every_column(tmp_path: Path) -> None:
+    write_hf_folder("qwen2", tmp_path)
+    runner = ModelRunner(load_model(tmp_path, "float32").model, num_slots=1, max_len=64)
+    row = measure(runner, prompt_len=20, decode_len=3, repeats=2)
+    assert row["prefill_tok_s"] > 0 and row["decode_tok_s"] > 0 and row["ms_k1"] > 0
+    assert row["k=1"] == 1.0
+    assert all(row[f"k={k}"] > 0 for k in KS)
+    # both decode passes started from the prompt's end, and the last k-token forward from the
+    # end of one pass: the context holds the prompt, one pass and that forward
+    assert runner.memory.length(0) == 20 + 3 + max(KS)
+
+
+def test_llama_bench_flag(tmp_path: Path) -> None:
+    args = build_parser().parse_args(["bench", "decode", "--llama-bench", str(tmp_path / "lb")])
+    assert args.llama_bench == tmp_path / "lb"
+    assert build_parser().parse_args(["bench", "decode"]).llama_bench is None
+
+
+def test_llama_bench_needs_a_gguf(tmp_path: Path) -> None:
+    from specserve.bench.decode import _llama_cpp_row
+    from specserve.errors import SpecserveError
+
+    write_hf_folder("qwen2", tmp_path)
+    args = build_parser().parse_args(["bench", "decode", "--llama-bench", "lb"])
+    with pytest.raises(SpecserveError, match="needs a GGUF model"):
+        _llama_cpp_row(str(tmp_path), args)
+
+
+def test_peak_rss_resets_between_rows() -> None:
+    from specserve.bench.server_process import read_rss_mib, reset_peak_rss
+
+    if not reset_peak_rss():
+        pytest.skip("/proc/self/clear_refs is not writable here")
+    base = read_rss_mib("self", "VmHWM")
+    big = bytearray(256 * 2**20)  # touched: bytearray zero-fills
+    assert read_rss_mib("self", "VmHWM") >= base + 200
+    del big
+    assert reset_peak_rss()
+    assert read_rss_mib("self", "VmHWM") < base + 100
