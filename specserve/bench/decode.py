@@ -12,7 +12,6 @@ run (bench/llama_cpp.py).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import statistics
 import time
@@ -23,6 +22,7 @@ import torch
 from specserve.bench.server_process import read_rss_mib, reset_peak_rss
 from specserve.engine.runner import ModelRunner, SlotInput
 from specserve.errors import SpecserveError
+from specserve.server.trim import release_freed_memory
 
 KS = (1, 2, 4, 8, 16)
 
@@ -115,7 +115,9 @@ def main(args: argparse.Namespace) -> None:
     rows = []
     for name in args.models:
         for variant in args.variants:
-            gc.collect()  # the previous row's model is gone before this row's peak starts
+            # the previous row's model is gone, its pages back with the OS, before this row's
+            # peak starts (glibc keeps freed pages otherwise: Gemma's row showed the 1.5B's)
+            release_freed_memory()
             fresh = reset_peak_rss()
             dtype, _, weights = variant.partition("+")
             loaded = load_model(
