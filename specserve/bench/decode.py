@@ -74,10 +74,8 @@ def measure(runner: ModelRunner, prompt_len: int, decode_len: int, repeats: int)
         mem.free(0)
         prefills.append(_timed(lambda: runner.prefill(0, prompt)))
     t_prefill = statistics.median(prefills)
-    last = prompt[-1]
 
-    def decode() -> None:
-        nonlocal last
+    def decode(last: int) -> None:
         for _ in range(decode_len):
             (lg,) = runner.forward([SlotInput(0, [last])])
             last = int(lg[-1].argmax())
@@ -88,8 +86,7 @@ def measure(runner: ModelRunner, prompt_len: int, decode_len: int, repeats: int)
     passes = []
     for _ in range(repeats):
         mem.commit(0, start)
-        last = prompt[-1]
-        passes.append(_timed(decode))
+        passes.append(_timed(lambda: decode(prompt[-1])))
     t_decode = statistics.median(passes)
     base = mem.length(0)
     cost = {}
