@@ -42,7 +42,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "--repeats",
         type=int,
         default=5,
-        help="timed repeats per k and decode passes (medians are reported)",
+        help="timed prefills, decode passes and forwards per k (medians are reported)",
     )
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--json-out", type=Path, default=None, help="also write the rows as JSON")
