@@ -40,7 +40,34 @@ def _permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, 2, half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(hf_model: torch.nn.Module, arch: str, path: Path) -> Path:
+def gguf_blocks(a: np.ndarray, qtype: str, seed: int = 0) -> np.ndarray:
+    """float32 [rows, cols] -> GGUF blocks of type qtype (uint8 [rows, bytes per row]).
+
+    The gguf package quantizes Q8_0, Q5_0, Q4_0, ...; it has no quantizer for the K types,
+    so Q4_K / Q6_K get random blocks with finite half-precision scales (their values do not
+    follow `a`; what the tests need is a valid table in that format)."""
+    import gguf
+
+    kind = gguf.GGMLQuantizationType[qtype]
+    rows, cols = a.shape
+    if qtype not in ("Q4_K", "Q6_K"):
+        return gguf.quants.quantize(np.ascontiguousarray(a, dtype=np.float32), kind)
+    block, size = gguf.GGML_QUANT_SIZES[kind]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (rows * cols // block, size), dtype=np.uint8)
+    # Q4_K: d, dmin (f16) lead the block; Q6_K: d (f16) ends it
+    at = [0, 2] if qtype == "Q4_K" else [size - 2]
+    for i in at:
+        scale = rng.uniform(1e-5, 2e-4, blocks.shape[0]).astype(np.float16)
+        blocks[:, i : i + 2] = scale.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(rows, -1)
+
+
+def write_gguf(
+    hf_model: torch.nn.Module, arch: str, path: Path, tables: dict[str, str] | None = None
+) -> Path:
+    """tables: GGUF tensor name -> type for tensors written as quantized blocks
+    ({"token_embd.weight": "Q8_0"}; gguf_blocks) or as "F16"; the others are float32."""
     import gguf
 
     cfg = hf_model.config
@@ -67,9 +94,17 @@ def write_gguf(hf_model: torch.nn.Module, arch: str, path: Path) -> Path:
         if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
             heads = cfg.num_attention_heads if ".q_proj." in name else cfg.num_key_value_heads
             a = _permute(a, heads)
-        if gemma and name == "lm_head.weight":
-            continue  # tied
-        w.add_tensor(_gguf_name(name, gemma), np.ascontiguousarray(a))
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue  # tied: llama.cpp's converter writes no output.weight
+        gname = _gguf_name(name, gemma)
+        if tables and tables.get(gname) == "F16":
+            w.add_tensor(gname, a.astype(np.float16))
+            continue
+        if tables and gname in tables:
+            qtype = gguf.GGMLQuantizationType[tables[gname]]
+            w.add_tensor(gname, gguf_blocks(a, tables[gname]), raw_dtype=qtype)
+            continue
+        w.add_tensor(gname, np.ascontiguousarray(a))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -110,9 +110,17 @@ def _stack_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def write_hybrid_gguf(
-    hf_model: torch.nn.Module, arch: str, path: Path, mtp: dict[str, torch.Tensor] | None = None
+    hf_model: torch.nn.Module,
+    arch: str,
+    path: Path,
+    mtp: dict[str, torch.Tensor] | None = None,
+    tables: dict[str, str] | None = None,
 ) -> Path:
+    """tables: GGUF tensor name -> type for tensors written as quantized blocks
+    (tests/tiny_gguf.py gguf_blocks); the others are float32."""
     import gguf
+
+    from tests.tiny_gguf import gguf_blocks
 
     cfg = hf_model.config
     qwen35 = arch == "qwen3_5"
@@ -147,8 +155,15 @@ def write_hybrid_gguf(
         w.add_uint32(f"{g}.nextn_predict_layers", n_mtp)
     state = _stack_experts({**hf_model.state_dict(), **(mtp if mtp and n_mtp else {})})
     for name, t in state.items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue  # tied: llama.cpp's converter writes no output.weight
         for gname, a in _names(name, t.detach().double(), cfg, qwen35, n):
-            w.add_tensor(gname, np.ascontiguousarray(a.to(torch.float32).numpy()))
+            floats = np.ascontiguousarray(a.to(torch.float32).numpy())
+            if tables and gname in tables:
+                qtype = gguf.GGMLQuantizationType[tables[gname]]
+                w.add_tensor(gname, gguf_blocks(floats, tables[gname]), raw_dtype=qtype)
+                continue
+            w.add_tensor(gname, floats)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -19,6 +19,7 @@ from specserve.cache.memory import Memory
 from specserve.engine.rollback import RollbackPolicy
 from specserve.errors import SpecserveError
 from specserve.models.batch import FlatBatch, SlotInput
+from specserve.models.layers.embedding import rows_dtype_device
 from specserve.models.layers.lowbit import writes_into
 from specserve.models.registry import LanguageModel
 
@@ -46,7 +47,7 @@ class ModelRunner:
             )
         self.model = model
         self.memory = Memory(model.new_cache(num_slots, max_len))
-        self.device = model.embed.weight.device
+        self.dtype, self.device = rows_dtype_device(model.embed)
         depth = self._snapshot_depth(rollback, snapshot_depth, snapshot_budget)
         self.policy = RollbackPolicy(rollback, depth)
         # slot -> (start, tokens) of its last verification, for checkpoint replay
@@ -193,8 +194,7 @@ class ModelRunner:
         return p, rows
 
     def _no_hidden(self) -> torch.Tensor:
-        w = self.model.embed.weight
-        return w.new_zeros(0, w.shape[1])
+        return torch.zeros(0, self.model.cfg.hidden_size, dtype=self.dtype, device=self.device)
 
     def _log_hidden(self, batch: FlatBatch, hidden: torch.Tensor) -> None:
         cu = batch.cu_seqlens

@@ -3,17 +3,68 @@
 Building the whole float32 model first and quantizing it after (gpt-fast's way) held every
 weight in float32 at once: the 0.5B peaked at ~3.3 GB and the 1.5B at ~8.3 GB while loading,
 for models that serve in ~0.6 and ~1.6 GB of quantized weights. Here each linear is
-quantized as soon as its weight (and bias) arrive and the float copy is dropped, so the
-float32 peak is one tensor, plus the embedding table, which stays float.
+quantized as soon as its weight (and bias) arrive and the float copy is dropped. The LM head
+(136M weights in Qwen2.5's 0.5B and 1.5B) is quantized CHUNK_ROWS rows at a time for our
+low-bit kernels; from a GGUF it arrives as its raw blocks (a QuantizedTable) and is
+dequantized chunk by chunk too, so its float32 copy never exists whole. A tied head is
+quantized from the embedding's table the same way.
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 import torch
 from torch import nn
 
 from specserve.errors import SpecserveError
+from specserve.models.layers.embedding import QuantizedTable
+from specserve.models.layers.lowbit import TILE, LowbitLinear
 from specserve.models.layers.quant import quantize_weight
+
+# rows quantized at once for the low-bit kernels: a whole number of their tiles of 8 outputs
+CHUNK_ROWS = 8192
+
+Weight = torch.Tensor | QuantizedTable
+
+
+def quantize_rows(
+    weight: Weight, bias: torch.Tensor | None, mode: str, lowbit: bool, chunk: int | None = None
+) -> nn.Module:
+    """quantize_weight on a float weight or a QuantizedTable, `chunk` rows at a time where
+    that gives the same module. The low-bit kernels' records hold tiles of 8 whole outputs,
+    each quantized from its own row only, so the records of row chunks that fill whole tiles,
+    stacked, are the records of the whole weight (as FusedLowbit stacks q, k and v);
+    torch's kernels (bf16) get the whole weight."""
+    n, k = weight.shape
+    chunk = chunk or CHUNK_ROWS
+    if not lowbit or n <= chunk:
+        whole = weight.dequantize() if isinstance(weight, QuantizedTable) else weight
+        return quantize_weight(whole, bias, mode, lowbit)
+    if chunk % TILE:
+        raise ValueError(f"chunks of {chunk} rows do not fill whole tiles of {TILE}")
+    records: torch.Tensor | None = None
+    kind: type[LowbitLinear] = LowbitLinear
+    for start in range(0, n, chunk):
+        part = cast(
+            LowbitLinear, quantize_weight(_rows(weight, start, start + chunk), None, mode, lowbit)
+        )
+        if records is None:
+            kind = type(part)
+            records = part.records.new_empty((-(-n // TILE), *part.records.shape[1:]))
+        records[start // TILE : start // TILE + part.records.shape[0]] = part.records
+    assert records is not None
+    # one layer of the parts' kind over the stacked records (no re-quantization)
+    layer = kind.__new__(kind)
+    LowbitLinear.__init__(layer, records, n, k, bias)
+    return layer
+
+
+def _rows(weight: Weight, start: int, stop: int) -> torch.Tensor:
+    """Rows start..stop-1 of the weight in float32 (dequantized from a QuantizedTable)."""
+    if isinstance(weight, QuantizedTable):
+        return weight.rows(start, stop)
+    return weight[start:stop]
 
 
 class LinearConverter:
@@ -23,7 +74,7 @@ class LinearConverter:
     def __init__(self, model: nn.Module, modes: dict[str, str], lowbit: bool) -> None:
         self.modes, self.lowbit = modes, lowbit
         self.needs_bias = {name: model.get_submodule(name).bias is not None for name in modes}
-        self.pending: dict[str, dict[str, torch.Tensor]] = {}
+        self.pending: dict[str, dict[str, Weight]] = {}
         self.built: dict[str, nn.Module] = {}
 
     def owns(self, name: str) -> bool:
@@ -31,19 +82,20 @@ class LinearConverter:
         owner, _, leaf = name.rpartition(".")
         return owner in self.modes and leaf in ("weight", "bias")
 
-    def take(self, name: str, tensor: torch.Tensor) -> None:
+    def take(self, name: str, tensor: Weight) -> None:
         owner, _, leaf = name.rpartition(".")
         parts = self.pending.setdefault(owner, {})
         parts[leaf] = tensor
         if "weight" in parts and ("bias" in parts or not self.needs_bias[owner]):
             del self.pending[owner]
-            mode = self.modes[owner]
-            self.built[owner] = quantize_weight(
-                parts["weight"], parts.get("bias"), mode, self.lowbit
-            )
+            bias = parts.get("bias")
+            if isinstance(bias, QuantizedTable):
+                raise SpecserveError(f"{owner}: a block-quantized bias")
+            self.built[owner] = quantize_rows(parts["weight"], bias, self.modes[owner], self.lowbit)
 
     def install(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-        """Swap the built modules in (a tied LM head is quantized from the embedding now)."""
+        """Swap the built modules in (a tied LM head is quantized from the embedding now,
+        if it is a float table; loading/model.py passes a quantized one to `take` itself)."""
         if "lm_head" in self.modes and "lm_head" not in self.built and "embed.weight" in state:
             self.take("lm_head.weight", state["embed.weight"])
         missing = sorted(set(self.modes) - set(self.built))

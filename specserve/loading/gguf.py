@@ -1,8 +1,13 @@
-"""GGUF files -> ModelConfig + tensors under our names (the gguf package reads and dequantizes)."""
+"""GGUF files -> ModelConfig + tensors under our names (the gguf package reads and dequantizes).
+
+The embedding table and the LM head, when block-quantized, are streamed as `QuantizedTable`s
+(their raw blocks) instead: the loader keeps the embedding that way and quantizes the head
+a range of rows at a time (loading/model.py, loading/convert.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import mmap
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +18,13 @@ from specserve.errors import SpecserveError
 from specserve.loading import qwen3_next as hybrid
 from specserve.loading.names import gguf_to_ours
 from specserve.models.config import DENSE_ARCHS, ModelConfig
+from specserve.models.layers.embedding import QuantizedTable, is_quantized
 
 TENSOR_TYPES_KEY = "specserve.tensor_types"
+# the tables streamed as their raw blocks when block-quantized (the two largest tensors)
+RAW_TABLES = ("embed.weight", "lm_head.weight")
+
+Tensors = Iterator[tuple[str, torch.Tensor | QuantizedTable]]
 
 
 def open_gguf(path: Path) -> Any:
@@ -122,8 +132,37 @@ def unpermute_rope(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, half, 2, *rest).transpose(1, 2).reshape(w.shape)
 
 
-def read_gguf(path: Path) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor]], dict]:
-    """Config, a stream of (our name, float32 tensor) pairs, and the metadata."""
+def page_dropper(reader: Any) -> Callable[[Any], None]:
+    """drop(tensor): let the kernel unmap the file pages of a tensor that has been copied
+    out. Reading maps the file's pages into the process, where they count as resident while
+    the map lasts: without this, the whole file (0.5B: 470 MB) adds to the load's peak RSS.
+    The pages stay in the page cache; the map is read-only and shared, so reading the same
+    bytes again maps them again. (The returned function holds the map, not the reader, whose
+    parsed metadata should be freed before the tensors stream.)"""
+    mm = getattr(reader.data, "_mmap", None)  # numpy.memmap's mmap object
+
+    def drop(tensor: Any) -> None:
+        if mm is None or not hasattr(mm, "madvise"):
+            return
+        page = mmap.PAGESIZE
+        start = -(-tensor.data_offset // page) * page  # whole pages inside the tensor
+        stop = (tensor.data_offset + tensor.n_bytes) // page * page
+        if stop > start:
+            mm.madvise(mmap.MADV_DONTNEED, start, stop - start)
+
+    return drop
+
+
+def raw_table(ours: str, tensor: Any) -> QuantizedTable | None:
+    """The tensor's blocks when it is one of RAW_TABLES and block-quantized, else None."""
+    if ours not in RAW_TABLES or not is_quantized(tensor.tensor_type.name):
+        return None
+    return QuantizedTable.from_gguf(tensor)
+
+
+def read_gguf(path: Path) -> tuple[ModelConfig, Tensors, dict]:
+    """Config, a stream of (our name, float32 tensor or QuantizedTable) pairs, and the
+    metadata."""
     from gguf.quants import dequantize
 
     reader = open_gguf(path)
@@ -140,10 +179,16 @@ def read_gguf(path: Path) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor
         ours: t.tensor_type.name for name, t in by_name.items() if (ours := gguf_to_ours(name))
     }
 
-    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+    drop = page_dropper(reader)
+
+    def tensors() -> Tensors:
         for name, t in by_name.items():
             ours = gguf_to_ours(name)
             if ours is None:
+                continue
+            if (table := raw_table(ours, t)) is not None:
+                drop(t)
+                yield ours, table
                 continue
             try:
                 array = dequantize(t.data, t.tensor_type)
@@ -152,6 +197,7 @@ def read_gguf(path: Path) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor
             array = np.ascontiguousarray(array, dtype=np.float32)
             # float tensors come back as read-only views of the file's memory map
             w = torch.from_numpy(array if array.flags.writeable else array.copy())
+            drop(t)
             if cfg.arch == "llama" and (".attn.q." in ours or ".attn.k." in ours):
                 heads = cfg.num_heads if ".q." in ours else cfg.num_kv_heads
                 w = unpermute_rope(w, heads)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,19 +11,21 @@ from tqdm import tqdm
 
 from specserve.errors import SpecserveError
 from specserve.loading.convert import LinearConverter
-from specserve.loading.gguf import TENSOR_TYPES_KEY, read_gguf
+from specserve.loading.gguf import TENSOR_TYPES_KEY, Tensors, read_gguf
 from specserve.loading.hf import read_hf
 from specserve.loading.names import keeps_precision
 from specserve.loading.sources import resolve_model
 from specserve.loading.tokenizer import Tokenizer, load_tokenizer
 from specserve.models import registry
 from specserve.models.config import ModelConfig
+from specserve.models.layers.embedding import QuantizedEmbedding, QuantizedTable
 from specserve.models.layers.lowbit import LowbitLinear, fuse_lowbit
 from specserve.models.layers.packed import pack_linears
 from specserve.models.layers.quant import WEIGHT_MODES, Int4Linear, Int8Linear, auto_mode
 from specserve.models.registry import LanguageModel
 from specserve.ops.cpu.build import available as lowbit_available
 from specserve.ops.cpu.build import problem as lowbit_problem
+from specserve.server.trim import release_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -52,16 +53,22 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 
 def build_model(
     cfg: ModelConfig,
-    tensors: Iterator[tuple[str, torch.Tensor]],
+    tensors: Tensors,
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
     progress: bool = False,
     quantize: tuple[str, dict[str, str], bool] | None = None,
+    head_packed: bool = False,
 ) -> LanguageModel:
     """Create the model on the meta device and assign the loaded tensors (no random init).
 
     quantize: (weights mode, GGUF types, lowbit kernels): the linears that mode quantizes
-    are quantized as their tensors arrive (loading/convert.py)."""
+    are quantized as their tensors arrive (loading/convert.py).
+    A block-quantized GGUF embedding table (a QuantizedTable in the stream) stays in its
+    blocks on CPU (QuantizedEmbedding), unless the LM head is tied to it, stays float
+    (dequant mode) and is not packed: that head is the float table, which the embedding
+    then shares. head_packed: the caller packs a float LM head afterwards (pack_linears),
+    which makes it a copy of its own."""
     with torch.device("meta"):
         model = registry.build(cfg)
     shapes = {k: v.shape for k, v in model.state_dict().items()}
@@ -74,15 +81,46 @@ def build_model(
     # rounding them costs accuracy
     norm_dtype = torch.float32 if dtype.itemsize < 4 else dtype
     state: dict[str, torch.Tensor] = {}
+    streamed: set[str] = set()
+    table: QuantizedTable | None = None  # the embedding's blocks, kept as they are
     for name, t in tqdm(
         tensors, desc="load", unit="tensor", disable=not progress, total=len(expected)
     ):
+        streamed.add(name)
+        if isinstance(t, QuantizedTable):
+            _check_shape(name, t, shapes)
+            if name == "embed.weight" and torch.device(device).type == "cpu":
+                table = t
+                continue
+            if converter is not None and converter.owns(name):
+                _convert(converter, name, t)  # quantized a range of rows at a time
+                continue
+            t = t.dequantize()
         t = t.to(device=device, dtype=norm_dtype if keeps_precision(name) else dtype)
         if converter is not None and converter.owns(name):
             _check_shape(name, t, shapes)
-            converter.take(name, t)
+            _convert(converter, name, t)
             continue
         state[name] = t
+    if table is not None:
+        tied = "lm_head.weight" in shapes and "lm_head.weight" not in streamed
+        if tied and (converter is None or "lm_head" not in converter.modes):
+            # a float head tied to the table needs the float table anyway
+            floats = table.dequantize().to(device=device, dtype=dtype)
+            if head_packed:
+                # ... until pack_linears gives it its own packed copy, after which the
+                # float table would serve the embedding alone: keep that in blocks
+                state["lm_head.weight"] = floats
+            else:
+                state["embed.weight"] = floats  # the embedding shares it (no saving)
+                table = None
+        elif tied:
+            assert converter is not None
+            _convert(converter, "lm_head.weight", table)  # a range of rows at a time
+        if table is not None:
+            model.embed = QuantizedEmbedding(table, dtype)
+            expected.discard("embed.weight")
+        del table
     if converter is not None:
         converter.install(model, state)  # a tied LM head is quantized from the embedding
         expected -= {f"{n}.{leaf}" for n in converter.modes for leaf in ("weight", "bias")}
@@ -101,7 +139,17 @@ def build_model(
     return model.eval()
 
 
-def _check_shape(name: str, t: torch.Tensor, shapes: dict[str, torch.Size]) -> None:
+def _convert(converter: LinearConverter, name: str, t: torch.Tensor | QuantizedTable) -> None:
+    """Hand a tensor to the converter, then give malloc's freed pages back: quantizing
+    leaves its float temporaries in the heap, and they added up to ~100 MB of the 0.5B's
+    load peak (release_freed_memory without gc: ~1-2 ms a call)."""
+    converter.take(name, t)
+    release_freed_memory(collect=False)
+
+
+def _check_shape(
+    name: str, t: torch.Tensor | QuantizedTable, shapes: dict[str, torch.Size]
+) -> None:
     if t.shape != shapes[name]:
         raise SpecserveError(
             f"tensor {name} has shape {tuple(t.shape)}, the config wants {tuple(shapes[name])}"
@@ -147,7 +195,9 @@ def _cast_floats(model: torch.nn.Module, dtype: torch.dtype) -> None:
     """Cast float parameters to dtype, leaving quantized layers' buffers and (under 16-bit
     dtypes) the float32 norms alone."""
     for name, module in model.named_modules():
-        if isinstance(module, Int4Linear | Int8Linear | LowbitLinear):
+        if isinstance(module, QuantizedEmbedding):
+            module.dtype = dtype  # its rows are cast to the compute dtype as they are looked up
+        if isinstance(module, Int4Linear | Int8Linear | LowbitLinear | QuantizedEmbedding):
             continue
         for pname, p in module.named_parameters(recurse=False):
             keep32 = dtype.itemsize < 4 and keeps_precision(f"{name}.{pname}")
@@ -169,6 +219,7 @@ def load_model(
     prepack: float32 linears on CPU run on oneDNN's pre-packed weights (layers/packed.py)."""
     path = resolve_model(spec)
     types: dict[str, str] = {}
+    tensors: Tensors
     if path.is_dir():
         cfg, tensors = read_hf(path)
         has_tok = (path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file()
@@ -188,7 +239,14 @@ def load_model(
     lowbit = quantized and _use_lowbit(compute, device)
     quantize = (weights, types, lowbit) if quantized else None
     build_dtype = torch.float32 if quantized else compute
-    model = build_model(cfg, tensors, build_dtype, device, progress, quantize)
+    # pack_linears gives a float32 LM head its own copy of the weights
+    head_packed = (
+        prepack
+        and build_dtype == torch.float32
+        and torch.device(device).type == "cpu"
+        and torch.backends.mkldnn.is_available()
+    )
+    model = build_model(cfg, tensors, build_dtype, device, progress, quantize, head_packed)
     if quantized:
         if lowbit:
             fuse_lowbit(model)

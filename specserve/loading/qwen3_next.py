@@ -25,6 +25,7 @@ import torch
 from specserve.errors import SpecserveError
 from specserve.loading.names import HYBRID_GGUF_BLOCK, HYBRID_HF_BLOCK, HYBRID_HF_MTP
 from specserve.models.config import FULL, LINEAR, HybridConfig
+from specserve.models.layers.embedding import QuantizedTable
 from specserve.models.registry import ARCHITECTURES, is_hybrid
 
 # HF model_type / GGUF general.architecture -> our arch, for the hybrid family
@@ -279,15 +280,19 @@ def gguf_name(name: str, cfg: HybridConfig) -> tuple[str, str] | None:
 
 
 def gguf_tensors(
-    cfg: HybridConfig, raw: Iterator[tuple[str, torch.Tensor]]
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """(GGUF name, float tensor in numpy order) -> (our name, tensor)."""
+    cfg: HybridConfig, raw: Iterator[tuple[str, torch.Tensor | QuantizedTable]]
+) -> Iterator[tuple[str, torch.Tensor | QuantizedTable]]:
+    """(GGUF name, float tensor in numpy order) -> (our name, tensor); QuantizedTables (the
+    embedding and LM head, top-level names) pass through."""
     tiled = cfg.arch == "qwen3_5" and cfg.linear_num_key_heads != cfg.linear_num_value_heads
     for name, t in raw:
         mapped = gguf_name(name, cfg)
         if mapped is None:
             continue
         prefix, ours = mapped
+        if isinstance(t, QuantizedTable):
+            yield f"{prefix}.{ours}" if prefix else ours, t
+            continue
         if ours == "gdn.A_log":
             t = torch.log(-t.double())  # llama.cpp stores A = -exp(A_log)
         for full, out in split_special(prefix, ours, t, cfg):
@@ -318,9 +323,12 @@ def read_hf(
 
 def read_gguf(
     reader: Any, meta: dict[str, Any]
-) -> tuple[HybridConfig, Iterator[tuple[str, torch.Tensor]], dict[str, Any]]:
-    """An open GGUFReader and its metadata -> config, tensor stream, metadata."""
+) -> tuple[HybridConfig, Iterator[tuple[str, torch.Tensor | QuantizedTable]], dict[str, Any]]:
+    """An open GGUFReader and its metadata -> config, tensor stream, metadata (the
+    embedding and LM head come as QuantizedTables when block-quantized, as in gguf.py)."""
     from gguf.quants import dequantize
+
+    from specserve.loading.gguf import page_dropper, raw_table
 
     by_name = {t.name: t for t in reader.tensors}
     # the reader gives ggml's dimension order; ours (and numpy's) is the reverse
@@ -333,11 +341,20 @@ def read_gguf(
         if (m := gguf_name(n, cfg))
     }
 
-    def raw() -> Iterator[tuple[str, torch.Tensor]]:
+    drop = page_dropper(reader)
+
+    def raw() -> Iterator[tuple[str, torch.Tensor | QuantizedTable]]:
         for name, t in by_name.items():
-            if gguf_name(name, cfg) is None:
+            mapped = gguf_name(name, cfg)
+            if mapped is None:
+                continue
+            if (table := raw_table(mapped[1], t)) is not None:
+                drop(t)
+                yield name, table
                 continue
             array = dequantize(t.data, t.tensor_type)
-            yield name, torch.from_numpy(np.array(array, dtype=np.float32))  # a writable copy
+            w = torch.from_numpy(np.array(array, dtype=np.float32))  # a writable copy
+            drop(t)
+            yield name, w
 
     return cfg, gguf_tensors(cfg, raw()), meta

@@ -12,6 +12,7 @@ from specserve.models.batch import FlatBatch
 from specserve.models.config import ModelConfig
 from specserve.models.layers.attention import Attention
 from specserve.models.layers.basic import GatedMLP, RMSNorm, RotaryEmbedding, add_norm
+from specserve.models.layers.embedding import Embedding, rows_dtype_device
 from specserve.models.layers.lowbit import linear_into
 
 
@@ -49,7 +50,8 @@ class DenseTransformer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # a QuantizedEmbedding when a GGUF's table is block-quantized (loading/model.py)
+        self.embed: Embedding = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
         # layers with the same rope settings share one module, so its tables are made once
         # per forward instead of once per layer
@@ -61,13 +63,15 @@ class DenseTransformer(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     def tie_weights(self) -> None:
+        if not isinstance(self.embed, nn.Embedding):
+            raise TypeError("a quantized embedding has no float table to tie the LM head to")
         self.lm_head.weight = self.embed.weight
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
-        p = self.embed.weight
+        dtype, device = rows_dtype_device(self.embed)
         cfg = self.cfg
         return KVCache(
-            cfg.num_layers, num_slots, max_len, cfg.num_kv_heads, cfg.head_dim, p.dtype, p.device
+            cfg.num_layers, num_slots, max_len, cfg.num_kv_heads, cfg.head_dim, dtype, device
         )
 
     def forward(self, tokens: torch.Tensor, batch: FlatBatch, cache: KVCache) -> torch.Tensor:

@@ -17,6 +17,7 @@ from specserve.cache.recurrent import HybridCache, RecurrentCache, RecurrentShap
 from specserve.models.batch import FlatBatch
 from specserve.models.config import LINEAR, HybridConfig
 from specserve.models.layers.basic import GatedMLP, RMSNorm
+from specserve.models.layers.embedding import Embedding, rows_dtype_device
 from specserve.models.layers.gated_attention import GatedAttention
 from specserve.models.layers.gated_delta import GatedDeltaNet
 from specserve.models.layers.lowbit import linear_into
@@ -110,7 +111,8 @@ class HybridTransformer(nn.Module):
     def __init__(self, cfg: HybridConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # a QuantizedEmbedding when a GGUF's table is block-quantized (loading/model.py)
+        self.embed: Embedding = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         counts = {True: 0, False: 0}  # next recurrent index / next KV layer
         blocks = []
         for i, kind in enumerate(cfg.layer_types):
@@ -123,6 +125,8 @@ class HybridTransformer(nn.Module):
         self.mtp = MtpHead(cfg) if cfg.mtp_layers else None
 
     def tie_weights(self) -> None:
+        if not isinstance(self.embed, nn.Embedding):
+            raise TypeError("a quantized embedding has no float table to tie the LM head to")
         self.lm_head.weight = self.embed.weight
 
     def recurrent_shape(self) -> RecurrentShape:
@@ -137,17 +141,17 @@ class HybridTransformer(nn.Module):
         )
 
     def new_cache(self, num_slots: int, max_len: int) -> HybridCache:
-        p, cfg = self.embed.weight, self.cfg
+        (dtype, device), cfg = rows_dtype_device(self.embed), self.cfg
         kv = KVCache(
             len(cfg.attention_layers()),
             num_slots,
             max_len,
             cfg.num_kv_heads,
             cfg.head_dim,
-            p.dtype,
-            p.device,
+            dtype,
+            device,
         )
-        return HybridCache(kv, RecurrentCache(self.recurrent_shape(), num_slots, p.dtype, p.device))
+        return HybridCache(kv, RecurrentCache(self.recurrent_shape(), num_slots, dtype, device))
 
     def forward(self, tokens: torch.Tensor, batch: FlatBatch, cache: HybridCache) -> torch.Tensor:
         cache.check_room(batch)

@@ -5,7 +5,8 @@
     arch_from_gguf(name)    -> our arch for a GGUF `general.architecture`
     is_hybrid(arch)         -> whether its weights load through loading/qwen3_next.py
 
-Every model class has the same surface: cfg, embed, lm_head, new_cache(num_slots,
+Every model class has the same surface: cfg, embed (nn.Embedding, or QuantizedEmbedding
+for a GGUF's block-quantized table: layers/embedding.py), lm_head, new_cache(num_slots,
 max_len) -> its cache, forward(tokens [T], FlatBatch, cache) -> hidden [T, D] and
 logits(hidden [N, D], out=None) -> [N, V] (written into `out` where the LM head is a
 low-bit kernel: the engine's reused buffer, engine/runner.py). The runner, the loaders and

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
-from torch import nn
 
 from specserve.models.batch import FlatBatch
+from specserve.models.layers.embedding import Embedding
 from specserve.models.qwen3_next import MtpHead
 from specserve.spec.base import Draft, DraftRequest, Speculator
 
@@ -40,7 +40,7 @@ class MtpModel(Protocol):
     """The target model: its MTP head, token embedding and logits (lm_head)."""
 
     mtp: MtpHead | None
-    embed: nn.Embedding
+    embed: Embedding
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 

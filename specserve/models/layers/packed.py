@@ -14,7 +14,9 @@ other rows in the call (bit for bit, M = 1..64: tests/models/test_packed.py), wh
 the batch invariance that plain MKL float32 lacks (layers/invariant.py).
 
 The packed copy replaces the weight (a tied LM head gets its own copy; the embedding
-table stays). Only float32 on CPU, where oneDNN is built in.
+table stays, or, for a GGUF's block-quantized table, the loader keeps the embedding in its
+blocks and the float table goes with the unpacked head). Only float32 on CPU, where oneDNN
+is built in.
 """
 
 from __future__ import annotations
