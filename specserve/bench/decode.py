@@ -27,6 +27,17 @@ from specserve.server.trim import release_freed_memory
 KS = (1, 2, 4, 8, 16)
 
 
+def positive(text: str) -> int:
+    """An argparse type: an integer >= 1 (0 tokens or repeats leaves nothing to time)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", nargs="+", default=["qwen2.5-coder-0.5b"], help="names or paths")
     p.add_argument(
@@ -36,11 +47,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="DTYPE or DTYPE+WEIGHTS (weights: int8, int5, int4, auto; default dequant; "
         "`unpacked`: float weights on F.linear, not oneDNN's pre-packed ones)",
     )
-    p.add_argument("--prompt-len", type=int, default=256, help="prompt tokens for prefill")
-    p.add_argument("--decode-len", type=int, default=64, help="tokens to decode")
+    p.add_argument("--prompt-len", type=positive, default=256, help="prompt tokens for prefill")
+    p.add_argument("--decode-len", type=positive, default=64, help="tokens to decode")
     p.add_argument(
         "--repeats",
-        type=int,
+        type=positive,
         default=5,
         help="timed prefills, decode passes and forwards per k (medians are reported)",
     )

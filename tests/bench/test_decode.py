@@ -32,6 +32,21 @@ def test_llama_bench_flag(tmp_path: Path) -> None:
     assert build_parser().parse_args(["bench", "decode"]).llama_bench is None
 
 
+@pytest.mark.parametrize("flag", ["--decode-len", "--prompt-len", "--repeats"])
+def test_counts_below_one_are_refused(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # 0 decode tokens left llama-bench without a generation test (StopIteration)
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["bench", "decode", flag, "0"])
+    assert e.value.code == 2
+    assert f"{flag}: must be at least 1, got 0" in capsys.readouterr().err
+    assert (
+        getattr(
+            build_parser().parse_args(["bench", "decode", flag, "3"]), flag[2:].replace("-", "_")
+        )
+        == 3
+    )
+
+
 def test_llama_bench_needs_a_gguf(tmp_path: Path) -> None:
     from specserve.bench.decode import _llama_cpp_row
     from specserve.errors import SpecserveError
