@@ -157,8 +157,13 @@ def test_leading_dims_dtype_and_bad_shapes() -> None:
     assert torch.equal(layer(x.view(2, 3, -1)), layer(x).view(2, 3, -1))
     with pytest.raises(ValueError, match="divisible by 32"):
         Q8Linear(torch.randn(4, 40), None)
-    with pytest.raises(RuntimeError, match=r"records must be uint8 \[ceil\(N/8\), K/32, 288\]"):
-        layer.kernels.q8_linear(torch.randn(2, 64), layer.records, 70, None, None)
+    with pytest.raises(RuntimeError, match=r"records must be uint8 \[ceil\(N/8\), K/32, 272\]"):
+        layer.kernels.lowbit_linear(torch.randn(2, 64), [layer.records], [0], [70], None, None)
+    with pytest.raises(RuntimeError, match=r"kind must be 0 \(q8\), 1 \(q4\), 2 \(q5\)"):
+        layer.kernels.lowbit_linear(x, [layer.records], [3], [70], None, None)
+    # a part that ends mid-tile would write into the next part's outputs
+    with pytest.raises(RuntimeError, match="only the last part may end mid-tile"):
+        layer.kernels.lowbit_linear(x, [layer.records] * 2, [0, 0], [70, 70], None, None)
 
 
 @pytest.mark.parametrize("cls", [Q8Linear, Q4Linear, Q5Linear])
@@ -201,8 +206,16 @@ def test_fused_q_k_v_and_gate_up_give_the_same_bits() -> None:
         lin(Q8Linear, 16, 96, True),
     )
     mlp.gate, mlp.up = lin(Q4Linear, 40, 96, False), lin(Q4Linear, 40, 96, False)
-    mixed.gate, mixed.up = lin(Q4Linear, 40, 96, False), lin(Q8Linear, 40, 96, False)  # not fused
-    model = nn.ModuleList([attn, mlp, mixed])
+    # parts of different kinds share a call too (GGUF files mix them); 70 outputs cannot
+    mixed.gate, mixed.up = lin(Q4Linear, 40, 96, False), lin(Q5Linear, 40, 96, True)
+    mixed.q, mixed.k, mixed.v = (
+        lin(Q5Linear, 64, 96, True),
+        lin(Q5Linear, 16, 96, True),
+        lin(Q8Linear, 16, 96, True),
+    )
+    odd = nn.Module()
+    odd.gate, odd.up = lin(Q8Linear, 70, 96, False), lin(Q8Linear, 40, 96, False)
+    model = nn.ModuleList([attn, mlp, mixed, odd])
     x = torch.randn(5, 96, generator=g)
     names = [
         (attn, "q"),
@@ -212,11 +225,17 @@ def test_fused_q_k_v_and_gate_up_give_the_same_bits() -> None:
         (mlp, "up"),
         (mixed, "gate"),
         (mixed, "up"),
+        (mixed, "q"),
+        (mixed, "k"),
+        (mixed, "v"),
+        (odd, "gate"),
+        (odd, "up"),
     ]
     before = [getattr(m, n)(x) for m, n in names]
-    assert fuse_lowbit(model) == 2
+    assert fuse_lowbit(model) == 4
     assert isinstance(attn.q, FusedPart) and isinstance(mlp.up, FusedPart)
-    assert isinstance(mixed.gate, Q4Linear)
+    assert isinstance(mixed.gate, FusedPart) and isinstance(mixed.v, FusedPart)
+    assert isinstance(odd.gate, Q8Linear)
     for (m, n), want in zip(names, before, strict=True):
         assert torch.equal(getattr(m, n)(x), want), n
     # a new input is computed afresh, also when only a later part is asked, and a part asked

@@ -84,9 +84,9 @@ def test_quantized_model_stays_close_to_float(dtype: str, weights: str, tmp_path
     quant = load_model(path, dtype, with_tokenizer=False, weights=weights).model
     kind = LowbitLinear if dtype == "float32" else Int4Linear | Int8Linear
     # a fused group (q/k/v, gate/up: one kernel call) counts once per linear it stands for
-    n_quant = sum(
-        isinstance(m, kind) and not name.endswith(".inner") for name, m in quant.named_modules()
-    ) + sum(isinstance(m, FusedPart) for m in quant.modules())
+    n_quant = sum(isinstance(m, kind) for m in quant.modules()) + sum(
+        isinstance(m, FusedPart) for m in quant.modules()
+    )
     # the tiny GGUF holds float32 tensors, so auto keeps them float
     assert n_quant == (0 if weights == "auto" else 3 * 7 + 1)
     tokens = torch.randint(0, VOCAB, (16,), generator=torch.Generator().manual_seed(1))
@@ -155,20 +155,30 @@ def test_runner_writes_logits_into_its_reused_buffer(tmp_path) -> None:  # noqa:
 
 
 @needs_lowbit
+@pytest.mark.parametrize(
+    ("arch", "overrides"),
+    [
+        ("qwen2", {}),
+        # q/k norms, sliding windows, GeGLU
+        ("gemma3", {"head_dim": 64, "query_pre_attn_scalar": 64}),
+    ],
+)
 def test_one_op_attention_and_mlp_match_the_op_by_op_path(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arch: str, overrides: dict
 ) -> None:
-    # head_dim 64 and fused q/k/v: Attention runs attend_qkv (rotary, cache writes, attention
-    # in one op), GatedMLP the gated kernel; the op-by-op path must give the same cache and
-    # the same bits (attention) or the same values to float32 rounding (the MLP's exp)
+    # head_dim 64 and fused q/k/v: Attention runs attend_qkv (q/k norms, rotary, cache
+    # writes, attention in one op), GatedMLP the gated kernel; the op-by-op path must give
+    # the same cache and the same bits (attention) or the same values to float32 rounding
+    # (the MLP's exp)
     from specserve.models.layers import basic
     from specserve.models.layers.attention import Attention
 
-    hf = make_hf_model("qwen2", seed=5, hidden_size=128, num_attention_heads=2)
-    path = write_gguf(hf, "qwen2", tmp_path / "m.gguf")
+    hf = make_hf_model(arch, seed=5, hidden_size=128, num_attention_heads=2, **overrides)
+    path = write_gguf(hf, arch, tmp_path / "m.gguf")
     model = load_model(path, "float32", with_tokenizer=False, weights="int8").model
     attns = [m for m in model.modules() if isinstance(m, Attention)]
     assert attns and all(a._one_op and isinstance(a.q, FusedPart) for a in attns)
+    assert all((a.q_norm is not None) == (arch == "gemma3") for a in attns)
     g = torch.Generator().manual_seed(2)
     prompt = torch.randint(0, VOCAB, (11,), generator=g)
     step = torch.randint(0, VOCAB, (4,), generator=g)

@@ -35,15 +35,16 @@ class Attention(nn.Module):
         assert cfg.query_scale is not None
         self.scale = cfg.query_scale
         self.per_row = False  # batch-invariant mode (see models/layers/invariant.py)
-        # ops/cpu/attention.cpp attend_qkv covers this layer (no q/k norm, its head size)
-        self._one_op = self.q_norm is None and hd % 64 == 0
+        # ops/cpu/attention.cpp attend_qkv covers this layer's head size
+        self._one_op = hd % 64 == 0
 
     def forward(self, x: torch.Tensor, batch: FlatBatch, cache: KVCache) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]; writes this layer's new K/V into the cache."""
         T = x.shape[0]
         # q/k/v fused into one low-bit call: rotary, cache writes and attention in one op
         qkv = joint_output((self.q, self.k, self.v), x) if self._one_op else None
-        if qkv is not None and (kernels := kernels_for(qkv)) is not None:
+        norms = self._norm_weights()
+        if qkv is not None and norms is not None and (kernels := kernels_for(qkv)) is not None:
             cos, sin = self.rope.cos_sin(batch.positions, x.dtype)
             o = kernels.attend_qkv(
                 qkv,
@@ -58,6 +59,7 @@ class Attention(nn.Module):
                 self.num_heads,
                 self.scale,
                 self.window or 0,
+                *norms,
             )
             return self.o(o.reshape(T, -1))
         q = self.q(x).view(T, self.num_heads, self.head_dim)
@@ -71,3 +73,13 @@ class Attention(nn.Module):
         kc, vc = cache.k[self.layer], cache.v[self.layer]
         o = cached_attention(q, kc, vc, batch, self.scale, self.window, self.per_row)
         return self.o(o.reshape(T, -1))
+
+    def _norm_weights(self) -> tuple[torch.Tensor | None, torch.Tensor | None, float] | None:
+        """attend_qkv's q/k norm arguments (None, None when the model has none); None when
+        the norms are not float32 (the kernel's only dtype)."""
+        if self.q_norm is None or self.k_norm is None:
+            return None, None, 0.0
+        q, k = self.q_norm.weight, self.k_norm.weight
+        if q.dtype != torch.float32 or k.dtype != torch.float32:
+            return None
+        return q, k, self.q_norm.eps

@@ -1,19 +1,21 @@
 """float32 linears on our own AVX2 low-bit kernels (ops/cpu/lowbit.cpp).
 
-The weights stay in blocks of 32 inputs in memory (q8: int8 + one scale, 1.125 bytes per
-weight; q5: 5-bit + scale and low, 0.875; q4: 4-bit + scale and low, 0.75), stored as the
-kernel's records of 8 outputs x one block (see `steps`), so a decode step reads under a
-third of float32's bytes in one sequential stream. The kernel quantizes each activation row
-to int8 per block and runs the block dot products on integers, as llama.cpp does on CPUs. A
-row's result never depends on the other rows of the call (the kernel's design;
-tests/models/test_lowbit.py), so these layers are batch-invariant as they stand.
+The weights stay in blocks of 32 inputs in memory (q8: int8 + one scale, 1.0625 bytes per
+weight; q5: 5-bit + scale, 0.6875; q4: 4-bit + scale and low, 0.625; scales are float16, as
+in GGUF), stored as the kernel's records of 8 outputs x one block (see `steps`), so a decode
+step reads under a third of float32's bytes in one sequential stream. The kernel quantizes
+each activation row to int8 per block and runs the block dot products on integers, as
+llama.cpp does on CPUs. A row's result never depends on the other rows of the call (the
+kernel's design; tests/models/test_lowbit.py), so these layers are batch-invariant as they
+stand.
 
 From a GGUF, Q8_0 (on q8) and Q5_0 (on q5) weights come back exactly: the requantization
-finds their scales again. Other types are re-quantized from their float32 values.
+finds their (float16) scales again. Other types are re-quantized from their float32 values.
 """
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import cast
 
 import torch
@@ -24,24 +26,46 @@ from specserve.ops.cpu.build import load
 GROUP = 32
 TILE = 8  # outputs per record: one float32 lane each in ops/cpu/lowbit.cpp
 STEP = 4  # inputs per integer step: a step holds 4 inputs of each of the tile's 8 outputs
+FIELD = TILE * 2  # bytes of a record's float16 field (8 scales, or 8 lows)
+
+
+def half_values(v: torch.Tensor, rounding: str = "nearest") -> torch.Tensor:
+    """float32 values rounded to float16 ("down" / "up": to the float16 at or below / above),
+    returned as float32; an error names the problem if one does not fit float16."""
+    h = v.half()
+    if rounding != "nearest":
+        off = h.float() > v if rounding == "down" else h.float() < v
+        towards = torch.full_like(h, float("-inf") if rounding == "down" else float("inf"))
+        h = torch.where(off, torch.nextafter(h, towards), h)
+    if not torch.isfinite(h).all():
+        raise ValueError("weights too large for float16 block scales; use --weights dequant")
+    return h.float()
+
+
+def _safe(scale: torch.Tensor) -> torch.Tensor:
+    """scale with zeros (all-zero or constant blocks) replaced by 1: their q is 0 anyway."""
+    return torch.where(scale == 0, torch.ones_like(scale), scale)
 
 
 def q8_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w: [N, K] float -> q: [N, K] int8, scale: [N, K/32] float32 (w ~ q * scale)."""
+    """w: [N, K] float -> q: [N, K] int8, scale: [N, K/32] float32 holding float16 values
+    (w ~ q * scale)."""
     n, k = w.shape
     g = w.float().view(n, k // GROUP, GROUP)
-    scale = (g.abs().amax(dim=-1) / 127).clamp_min(1e-30)
-    q = torch.round(g / scale[..., None]).clamp(-127, 127).to(torch.int8)
+    scale = half_values(g.abs().amax(dim=-1) / 127)
+    q = torch.round(g / _safe(scale)[..., None]).clamp(-127, 127).to(torch.int8)
     return q.view(n, k).contiguous(), scale.contiguous()
 
 
 def int4_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """w: [N, K] -> q: [N, K] int32 in 0..15, scale and low: [N, K/32] (w ~ q * scale + low)."""
+    """w: [N, K] -> q: [N, K] int32 in 0..15, scale and low: [N, K/32] float16 values
+    (w ~ q * scale + low). low is rounded down and scale up, so the 16 levels still span the
+    block and every weight rounds to within half a step."""
     n, k = w.shape
     g = w.float().view(n, k // GROUP, GROUP)
-    low, high = g.amin(dim=-1), g.amax(dim=-1)
-    scale = ((high - low) / 15).clamp_min(1e-12)
-    q = torch.round((g - low[..., None]) / scale[..., None]).clamp(0, 15)
+    low = half_values(g.amin(dim=-1), "down")
+    scale = half_values((g.amax(dim=-1) - low) / 15, "up")
+    q = torch.round((g - low[..., None]) / _safe(scale)[..., None]).clamp(0, 15)
     return q.to(torch.int32).view(n, k), scale, low
 
 
@@ -64,13 +88,12 @@ def int5_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     """w: [N, K] -> q: [N, K] int32 in 0..31, scale and low: [N, K/32] (w ~ q * scale + low).
 
     GGUF Q5_0's own rule: the element of largest magnitude m gets q = 0, so scale = -m / 16
-    and low = -16 * scale; Q5_0 weights come back exactly."""
+    (as float16) and low = -16 * scale; Q5_0 weights come back exactly."""
     n, k = w.shape
     g = w.float().view(n, k // GROUP, GROUP)
     m = g.gather(-1, g.abs().argmax(dim=-1, keepdim=True))[..., 0]
-    scale = -m / 16
-    safe = torch.where(scale == 0, torch.ones_like(scale), scale)
-    q = torch.round(g / safe[..., None] + 16).clamp(0, 31).to(torch.int32)
+    scale = half_values(-m / 16)
+    q = torch.round(g / _safe(scale)[..., None] + 16).clamp(0, 31).to(torch.int32)
     return q.view(n, k), scale.contiguous(), -16 * scale
 
 
@@ -84,10 +107,11 @@ def q5_blocks(w: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 # The kernel's records (ops/cpu/lowbit.cpp): per tile of 8 outputs and block of 32 inputs,
 # stored [tile][block][record], N padded with zero outputs. A record's fields, in order:
-#   q8: scale[8] float32, weights[8 steps][8 outputs][4] int8                 288 bytes
-#   q4: scale[8], low[8] float32, then steps 2i and 2i+1 in the low and high nibbles of
-#       one [8 outputs][4] byte array each                                   192 bytes
-#   q5: q4's record, then the fifth bits: bit j of byte i is step j's byte i  224 bytes
+#   q8: scale[8] float16, weights[8 steps][8 outputs][4] int8                 272 bytes
+#   q4: scale[8], low[8] float16, then steps 2i and 2i+1 in the low and high nibbles of
+#       one [8 outputs][4] byte array each                                   160 bytes
+#   q5: scale[8] float16, q4's nibble arrays, then the fifth bits: bit j of byte i is
+#       step j's byte i (low = -16 scale is implied: the kernel subtracts 16)  176 bytes
 
 
 def tiled(t: torch.Tensor) -> torch.Tensor:
@@ -125,14 +149,14 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def scale_fields(*per_block: torch.Tensor) -> list[torch.Tensor]:
-    """float32 [N, K/32] values (scale, low) -> their record fields."""
-    return [as_bytes(tiled(v.float())) for v in per_block]
+    """[N, K/32] values that float16 holds exactly (scale, low) -> their record fields."""
+    return [as_bytes(tiled(v.half())) for v in per_block]
 
 
 def field_values(records: torch.Tensor, at: int, n: int) -> torch.Tensor:
-    """The float32 [N, K/32] values of the 32-byte field at byte `at` of each record."""
-    field = records[..., at : at + TILE * 4].contiguous().view(torch.float32)
-    return untiled(field, n).contiguous()
+    """The [N, K/32] values (as float32) of the float16 field at byte `at` of each record."""
+    field = records[..., at : at + FIELD].contiguous().view(torch.float16)
+    return untiled(field, n).float().contiguous()
 
 
 def nibble_steps(q: torch.Tensor) -> torch.Tensor:
@@ -162,10 +186,38 @@ def fifth_bits_from_plane(plane: torch.Tensor, n: int) -> torch.Tensor:
     return unsteps((plane[:, :, None].long() >> shift) & 1, n)
 
 
-class LowbitLinear(nn.Module):
-    """Shape handling and the kernel call; subclasses quantize the weights into records."""
+class LowbitCall(nn.Module):
+    """Shape handling and the kernel call over one or more weight matrices (`parts`)."""
 
-    KERNEL = ""  # the kernel's name in ops/cpu/module.cpp
+    kernels: ModuleType
+    bias: nn.Parameter | None
+    in_features: int
+    out_features: int
+
+    def parts(self) -> tuple[list[torch.Tensor], list[int], list[int]]:
+        """(records, kinds, output counts) of the matrices side by side in the output."""
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and x.dtype == torch.float32:  # the models' case: no reshapes, no casts
+            return self.matmul(x)
+        rows = x.reshape(-1, self.in_features)
+        y = self.matmul(rows.float())
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def matmul(self, rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """rows [M, K] float32 -> [M, N]; into `out` (contiguous [M, N] float32) if given."""
+        records, kinds, n_outs = self.parts()
+        return self.kernels.lowbit_linear(rows, records, kinds, n_outs, self.bias, out)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
+class LowbitLinear(LowbitCall):
+    """One weight matrix; subclasses quantize the weights into records."""
+
+    KIND = -1  # the kernel's number for this kind (ops/cpu/lowbit.cpp RECORD_BYTES)
     records: torch.Tensor  # the kernel's tiled blocks (a buffer)
 
     def __init__(
@@ -177,31 +229,19 @@ class LowbitLinear(nn.Module):
         self.register_buffer("records", records)
         self.bias = None if bias is None else nn.Parameter(bias.float().contiguous(), False)
 
+    def parts(self) -> tuple[list[torch.Tensor], list[int], list[int]]:
+        return [self.records], [self.KIND], [self.out_features]
+
     @staticmethod
     def check_in_features(weight: torch.Tensor) -> None:
         """A clear error when in_features is not a whole number of blocks of 32."""
         if weight.shape[1] % GROUP:
             raise ValueError(f"low-bit kernels need in_features divisible by {GROUP}")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and x.dtype == torch.float32:  # the models' case: no reshapes, no casts
-            return self.matmul(x)
-        rows = x.reshape(-1, self.in_features)
-        y = self.matmul(rows.float())
-        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
-
-    def matmul(self, rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """rows [M, K] float32 -> [M, N]; into `out` (contiguous [M, N] float32) if given."""
-        kernel = getattr(self.kernels, self.KERNEL)
-        return kernel(rows, self.records, self.out_features, self.bias, out)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}"
-
 
 def writes_into(layer: nn.Module) -> bool:
     """Whether linear_into writes this layer's output into a caller's buffer."""
-    return isinstance(layer, LowbitLinear)
+    return isinstance(layer, LowbitCall)
 
 
 def linear_into(layer: nn.Module, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
@@ -209,12 +249,12 @@ def linear_into(layer: nn.Module, x: torch.Tensor, out: torch.Tensor | None) -> 
     any other layer (float32, CUDA) returns a new tensor as usual."""
     floats = x.dtype == torch.float32 and x.dim() == 2
     if out is not None and writes_into(layer) and floats:
-        return cast(LowbitLinear, layer).matmul(x, out)
+        return cast(LowbitCall, layer).matmul(x, out)
     return cast(torch.Tensor, layer(x))
 
 
 class Q8Linear(LowbitLinear):
-    KERNEL = "q8_linear"
+    KIND = 0
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.check_in_features(weight)
@@ -225,12 +265,12 @@ class Q8Linear(LowbitLinear):
     def blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(q [N, K] int8, scale [N, K/32]) back from the records, as q8_blocks gave them."""
         n, t, nb = self.out_features, *self.records.shape[:2]
-        q = unsteps(self.records[..., TILE * 4 :].reshape(t, nb, GROUP // STEP, -1), n)
+        q = unsteps(self.records[..., FIELD:].reshape(t, nb, GROUP // STEP, -1), n)
         return q.view(torch.int8).contiguous(), field_values(self.records, 0, n)
 
 
 class Q4Linear(LowbitLinear):
-    KERNEL = "q4_linear"
+    KIND = 1
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.check_in_features(weight)
@@ -241,65 +281,68 @@ class Q4Linear(LowbitLinear):
     def blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(packed [N, K/2] uint8, scale, low [N, K/32]) back from the records."""
         n, r = self.out_features, self.records
-        q = nibbles_from_steps(r[..., 2 * TILE * 4 :], n)
-        return pack_nibbles(q), field_values(r, 0, n), field_values(r, TILE * 4, n)
+        q = nibbles_from_steps(r[..., 2 * FIELD :], n)
+        return pack_nibbles(q), field_values(r, 0, n), field_values(r, FIELD, n)
 
 
 class Q5Linear(LowbitLinear):
-    KERNEL = "q5_linear"
+    KIND = 2
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.check_in_features(weight)
-        q, scale, low = int5_groups(weight)
-        fields = [*scale_fields(scale, low), nibble_steps(q & 15), fifth_bit_plane(q >> 4)]
+        q, scale, _ = int5_groups(weight)  # low = -16 scale: the kernel's offset
+        fields = [*scale_fields(scale), nibble_steps(q & 15), fifth_bit_plane(q >> 4)]
         super().__init__(torch.cat(fields, dim=-1), weight.shape[0], weight.shape[1], bias)
 
     def blocks(self) -> tuple[torch.Tensor, ...]:
         """(nibbles [N, K/2], fifth bits [N, K/32, 32], scale, low) back from the records."""
         n, r = self.out_features, self.records
-        nibbles = nibbles_from_steps(r[..., 2 * TILE * 4 : -TILE * 4], n)
-        fifth = fifth_bits_from_plane(r[..., -TILE * 4 :], n).to(torch.uint8)
-        scale, low = field_values(r, 0, n), field_values(r, TILE * 4, n)
-        return pack_nibbles(nibbles), fifth.view(n, -1, GROUP), scale, low
+        nibbles = nibbles_from_steps(r[..., FIELD:-GROUP], n)
+        fifth = fifth_bits_from_plane(r[..., -GROUP:], n).to(torch.uint8)
+        scale = field_values(r, 0, n)
+        return pack_nibbles(nibbles), fifth.view(n, -1, GROUP), scale, -16 * scale
 
 
-class FusedLowbit(nn.Module):
+class FusedLowbit(LowbitCall):
     """Low-bit linears that read the same input (q/k/v, gate/up) run as one kernel call.
 
     Each call has a fixed cost (~30 us: quantizing x, starting threads), a large share of a
-    small matrix's time, so one call for three saves two. The parts stay in the model as
+    small matrix's time, so one call for three saves two. The parts may be of different
+    kinds (GGUF files mix them: the 0.5B's q and k are Q5_0, its v Q8_0): the kernel walks
+    each part's records with its own arithmetic. The parts stay in the model as
     `FusedPart`s, so the model code is the same in every weight mode: the first part called
     with an input computes all outputs, the parts after it in the same pass slice them. The
     outputs are bit-identical to the separate layers' (an output's arithmetic depends only on
-    its own records and x). Stacking records needs every part to fill whole tiles.
+    its own records and x). Every part but the last must fill whole tiles.
     """
 
     def __init__(self, parts: list[LowbitLinear]) -> None:
         super().__init__()
-        first = parts[0]
+        self.kernels = load()
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+        for i, p in enumerate(parts):  # the parts' own tensors: nothing is copied
+            self.register_buffer(f"records_{i}", p.records)
+        self.kinds, self.n_outs = [p.KIND for p in parts], [p.out_features for p in parts]
         biases = [p.bias if p.bias is not None else torch.zeros(p.out_features) for p in parts]
         has_bias = any(p.bias is not None for p in parts)
-        # one layer of the parts' kind over their records, stacked (no re-quantization)
-        self.inner = type(first).__new__(type(first))
-        LowbitLinear.__init__(
-            self.inner,
-            torch.cat([p.records for p in parts]),
-            sum(p.out_features for p in parts),
-            first.in_features,
-            torch.cat(biases) if has_bias else None,
-        )
+        self.bias = nn.Parameter(torch.cat(biases), False) if has_bias else None
         self.bounds = [0]
         for p in parts:
             self.bounds.append(self.bounds[-1] + p.out_features)
         # (input, all outputs, the part that may use them next)
         self._last: tuple[torch.Tensor, torch.Tensor, int] | None = None
 
+    def parts(self) -> tuple[list[torch.Tensor], list[int], list[int]]:
+        records = [getattr(self, f"records_{i}") for i in range(len(self.kinds))]
+        return records, self.kinds, self.n_outs
+
     def part(self, i: int, x: torch.Tensor) -> torch.Tensor:
         last = self._last
         # reuse only for the next parts of one pass (q, k, v in order) over the same input
         # object (kept alive by the memo); any other call computes afresh
         if last is None or last[0] is not x or i < last[2]:
-            last = (x, self.inner(x), i)
+            last = (x, self(x), i)
         self._last = (x, last[1], i + 1) if i + 1 < len(self.bounds) - 1 else None
         return last[1][..., self.bounds[i] : self.bounds[i + 1]]
 
@@ -328,7 +371,7 @@ def joint_output(parts: tuple[nn.Module, ...], x: torch.Tensor) -> torch.Tensor 
         for i, p in enumerate(parts)
     ):
         return None
-    return fused.inner(x)
+    return cast(torch.Tensor, fused(x))
 
 
 # children that read the same input, in the order the models call them
@@ -336,7 +379,7 @@ FUSE_GROUPS = (("q", "k", "v"), ("gate", "up"))
 
 
 def fuse_lowbit(model: nn.Module) -> int:
-    """Fuse each group of same-kind low-bit linears in `model`, in place; returns the count."""
+    """Fuse each group of low-bit linears in `model`, in place; returns the count."""
     n = 0
     for module in list(model.modules()):
         for names in FUSE_GROUPS:
@@ -356,8 +399,7 @@ def _fusable(parts: list[nn.Module | None]) -> bool:
     if not isinstance(first, LowbitLinear):
         return False
     return all(
-        type(p) is type(first)
-        and isinstance(p, LowbitLinear)
+        isinstance(p, LowbitLinear)
         and p.in_features == first.in_features
         and p.out_features % TILE == 0
         for p in parts

@@ -163,21 +163,28 @@ torch::Tensor cached_attention(torch::Tensor q, torch::Tensor k_cache, torch::Te
   return out;
 }
 
-// A layer's whole attention from its fused q/k/v projection [T, (H + 2 Hkv) D]: rotate q and
-// k, store k and v at their positions in this layer's cache, attend. One call from Python for
-// what took ~15 small ops there (slices, views, two rotaries, the cache writes per slot).
+// A layer's whole attention from its fused q/k/v projection [T, (H + 2 Hkv) D]: norm q and k
+// per head where the model has q/k norms (Gemma 3, Qwen3), rotate them, store k and v at their
+// positions in this layer's cache, attend. One call from Python for what took ~15 small ops
+// there (slices, views, two norms, two rotaries, the cache writes per slot); the same kernels
+// as those ops, so the same bits.
 torch::Tensor attend_qkv(torch::Tensor qkv, torch::Tensor k_cache, torch::Tensor v_cache,
                          torch::Tensor cos, torch::Tensor sin, const std::vector<int64_t>& slots,
                          const std::vector<int64_t>& starts, const std::vector<int64_t>& cu,
-                         torch::Tensor positions, int64_t heads, double scale, int64_t window) {
+                         torch::Tensor positions, int64_t heads, double scale, int64_t window,
+                         const c10::optional<torch::Tensor>& q_norm,
+                         const c10::optional<torch::Tensor>& k_norm, double eps) {
   TORCH_CHECK(k_cache.dim() == 4, "attention: caches must be [slots, max_len, Hkv, D]");
   const int64_t T = qkv.size(0), Hkv = k_cache.size(2), D = k_cache.size(3);
   TORCH_CHECK(qkv.dim() == 2 && qkv.size(1) == (heads + 2 * Hkv) * D,
               "attend_qkv: qkv must be [T, (heads + 2 kv heads) * head_dim]");
   TORCH_CHECK(starts.size() == slots.size() && cu.size() == slots.size() + 1 && cu.back() == T,
               "attend_qkv: slots, starts and cu_seqlens do not describe qkv's rows");
-  auto q = rotary(qkv.narrow(1, 0, heads * D).view({T, heads, D}), cos, sin);
-  auto k = rotary(qkv.narrow(1, heads * D, Hkv * D).view({T, Hkv, D}), cos, sin);
+  TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "attend_qkv: q and k norms go together");
+  auto q = qkv.narrow(1, 0, heads * D).view({T, heads, D});
+  auto k = qkv.narrow(1, heads * D, Hkv * D).view({T, Hkv, D});
+  if (q_norm) q = rms_norm(q, *q_norm, eps), k = rms_norm(k, *k_norm, eps);
+  q = rotary(q, cos, sin), k = rotary(k, cos, sin);
   auto v = qkv.narrow(1, (heads + Hkv) * D, Hkv * D).view({T, Hkv, D});
   for (size_t i = 0; i < slots.size(); ++i) {
     const int64_t n = cu[i + 1] - cu[i];

@@ -1,8 +1,9 @@
 """Build the CPU kernels (lowbit.cpp, attention.cpp, pointwise.cpp) on first use and cache
 the library under ~/.cache/specserve/ext.
 
-The kernels need AVX2 + FMA and a C++ compiler (gcc is on every machine this project
-targets). `load()` raises a SpecserveError that says which of the two is missing, so
+The kernels need AVX2 + FMA (and F16C, which every AVX2 CPU has) and a C++ compiler (gcc is
+on every machine this project targets). `load()` raises a SpecserveError that says which of
+the two is missing, so
 `--weights int8/int5/int4/auto` fails with a reason instead of a stack trace; callers that can
 fall back ask `available()` first.
 """
@@ -25,7 +26,7 @@ HERE = Path(__file__).parent
 SOURCES = [HERE / name for name in ("module.cpp", "lowbit.cpp", "attention.cpp", "pointwise.cpp")]
 # -ffp-contract=off: gcc would otherwise fuse a*b+c into an FMA in some tile shapes and
 # not in others, and a row's result would depend on the tile it lands in
-FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off"]
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off"]
 
 
 def cache_dir() -> Path:
@@ -41,7 +42,7 @@ def cpu_has_avx2() -> bool:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
-    return " avx2" in flags and " fma" in flags
+    return all(f" {flag}" in flags for flag in ("avx2", "fma", "f16c"))
 
 
 def load() -> ModuleType:
@@ -62,7 +63,7 @@ def _build() -> ModuleType | SpecserveError:
 
 def _compile() -> ModuleType:
     if not cpu_has_avx2():
-        raise SpecserveError("specserve's CPU kernels need a CPU with AVX2 and FMA")
+        raise SpecserveError("specserve's CPU kernels need a CPU with AVX2, FMA and F16C")
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         raise SpecserveError(
             "specserve's CPU kernels are built on first use and need a C++ compiler"

@@ -7,15 +7,10 @@
 
 #include <vector>
 
-torch::Tensor q8_linear(torch::Tensor x, const torch::Tensor& records, int64_t n_out,
-                        const c10::optional<torch::Tensor>& bias,
-                        const c10::optional<torch::Tensor>& out);
-torch::Tensor q4_linear(torch::Tensor x, const torch::Tensor& records, int64_t n_out,
-                        const c10::optional<torch::Tensor>& bias,
-                        const c10::optional<torch::Tensor>& out);
-torch::Tensor q5_linear(torch::Tensor x, const torch::Tensor& records, int64_t n_out,
-                        const c10::optional<torch::Tensor>& bias,
-                        const c10::optional<torch::Tensor>& out);
+torch::Tensor lowbit_linear(torch::Tensor x, const std::vector<torch::Tensor>& records,
+                            const std::vector<int64_t>& kinds, const std::vector<int64_t>& n_outs,
+                            const c10::optional<torch::Tensor>& bias,
+                            const c10::optional<torch::Tensor>& out);
 
 torch::Tensor cached_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                const std::vector<int64_t>& slots, const std::vector<int64_t>& cu,
@@ -23,7 +18,9 @@ torch::Tensor cached_attention(torch::Tensor q, torch::Tensor k_cache, torch::Te
 torch::Tensor attend_qkv(torch::Tensor qkv, torch::Tensor k_cache, torch::Tensor v_cache,
                          torch::Tensor cos, torch::Tensor sin, const std::vector<int64_t>& slots,
                          const std::vector<int64_t>& starts, const std::vector<int64_t>& cu,
-                         torch::Tensor positions, int64_t heads, double scale, int64_t window);
+                         torch::Tensor positions, int64_t heads, double scale, int64_t window,
+                         const c10::optional<torch::Tensor>& q_norm,
+                         const c10::optional<torch::Tensor>& k_norm, double eps);
 
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
 std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor y, torch::Tensor w,

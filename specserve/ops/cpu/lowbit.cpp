@@ -1,13 +1,15 @@
 // Weight-only low-bit linears for AVX2 CPUs: y[M, N] = x[M, K] @ W^T (+ bias), float32 in
-// and out, weights kept in blocks of 32 inputs:
-//   q8: W = s * q,        q int8,  one float32 scale per block (GGUF Q8_0's own layout)
-//   q4: W = s * q + low,  q 0..15, one float32 scale and low per block
-//   q5: W = s * q + low,  q 0..31 (GGUF Q5_0's values come back exactly: low = -16 s)
+// and out, weights kept in blocks of 32 inputs, scales as float16 (as GGUF stores them):
+//   q8: W = s * q,        q int8,  one scale per block (GGUF Q8_0's own layout)
+//   q4: W = s * q + low,  q 0..15, one scale and low per block
+//   q5: W = s * (q - 16), q 0..31, one scale per block (GGUF Q5_0's own layout)
 //
 // Why a kernel of our own: one decode step reads every weight once, so its time is weight
 // bytes / memory bandwidth. torch's float32 path reads 4 bytes per weight; its int8/int4 CPU
 // kernels want bf16 activations, which AVX2 has no instructions for, and are compute-bound
-// here. These read 1.125 (q8), 0.875 (q5) or 0.75 (q4) bytes per weight.
+// here. These read 1.0625 (q8), 0.6875 (q5) or 0.625 (q4) bytes per weight, GGUF's own
+// figures for Q8_0 and Q5_0. (float32 scales cost 0.125-0.25 bytes per weight more: 14 %
+// more bytes per 0.5B decode step, 17 % more on q4.)
 //
 // As llama.cpp does on CPUs, each row of x is first quantized to int8 in blocks of 32 (one
 // scale per block, round to nearest), and a block's dot products run on integers: maddubs
@@ -16,30 +18,34 @@
 // Memory layout (made by models/layers/lowbit.py): outputs in tiles of 8, one record per
 // tile and block, stored [tile][block][record] so that a thread walking its tiles reads one
 // sequential stream (at full bandwidth with a prefetch ahead):
-//   q8: float s[8]; int8 w[8 steps][8 outputs][4]                        288 bytes
-//   q4: float s[8]; float low[8]; uint8 w[4][8][4]: step 2i in the low nibbles of
-//       array i, step 2i+1 in its high nibbles                            192 bytes
-//   q5: q4's record, then uint8 fifth[32]: bit j of byte i is step j's byte i   224 bytes
+//   q8: half s[8]; int8 w[8 steps][8 outputs][4]                         272 bytes
+//   q4: half s[8]; half low[8]; uint8 w[4][8][4]: step 2i in the low nibbles of
+//       array i, step 2i+1 in its high nibbles                            160 bytes
+//   q5: half s[8]; q4's nibble arrays; uint8 fifth[32]: bit j of byte i is step j's
+//       byte i                                                            176 bytes
 // A step is 4 consecutive inputs of each of the 8 outputs: one 256-bit vector whose 32-bit
 // lane o is output o. Multiplied by x's 4 bytes broadcast to every lane, maddubs + madd
 // leave output o's 4-input dot in lane o, so the 8 outputs' block dots add up vertically in
-// one vector and meet their scales as one float32 lane each; no horizontal sums. The weight
-// vector is loaded (and for q4/q5 unpacked) once per step and serves every row of x in the
-// tile, so each extra row (verification, prefill, other slots) costs about three
-// instructions per step: broadcast, multiply, add. (The previous layout, 4 outputs per
-// record with a 32-input block per output, spent a transpose per row and block.)
+// one vector and meet their scales as one float32 lane each (8 float16 scales are one
+// vcvtph2ps); no horizontal sums. The weight vector is loaded (and for q4/q5 unpacked) once
+// per step and serves every row of x in the tile, so each extra row (verification, prefill,
+// other slots) costs about three instructions per step: broadcast, multiply, add. (The
+// previous layout, 4 outputs per record with a 32-input block per output, spent a transpose
+// per row and block.)
 // q4/q5 products fit in 16 bits for several steps (|q x| <= 31 * 127 per product), so they
-// are summed in 16 bits and widened once or twice per block.
+// are summed in 16 bits and widened once or twice per block. q5's -16 is applied to the
+// exact integer dot (dot - 16 sum(q_x)), so it needs no field and no second multiply.
 //
 // Batch invariance by construction: y[m, n] is one vector lane that always runs the same
 // sequence of operations (row m quantized alone; blocks in order; exact integer block dots;
-// acc = fma(dot, s * d, acc), then acc = fma(low, d * sum(q_x), acc); the same final add),
-// whatever M is and whichever group of rows the row lands in.
+// acc = fma(dot, s * d, acc), then for q4 acc = fma(low, d * sum(q_x), acc); the same final
+// add), whatever M is and whichever group of rows the row lands in.
 
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -50,25 +56,29 @@ namespace {
 
 constexpr int64_t BLOCK = 32;
 constexpr int64_t TILE = 8;
-constexpr int64_t SCALES = TILE * 4;  // bytes of one float32 field of a record
+constexpr int64_t SCALES = TILE * 2;  // bytes of one float16 field of a record
 // prefetch this many bytes ahead of the record being read (4 q8 records)
 constexpr int64_t PREFETCH = 1152;
 
-// x quantized per row in blocks of 32: x ~ d * q; `sum` = d * sum(q), for q4's low term.
-// Buffers are per calling thread and reused, so a call allocates nothing but y.
+// x quantized per row in blocks of 32: x ~ d * q; `isum` = sum(q), for q5's offset, and
+// `sum` = d * sum(q), for q4's low term. Buffers are per calling thread and reused, so a
+// call allocates nothing but y.
 struct QuantRows {
   std::vector<int8_t> q;
   std::vector<float> d, sum;
+  std::vector<int32_t> isum;
   int64_t nblocks = 0;
 };
 
 const QuantRows& quantize_rows(const torch::Tensor& x) {
   thread_local QuantRows r;
   const int64_t M = x.size(0), K = x.size(1), nb = K / BLOCK;
-  r.q.resize(M * K), r.d.resize(M * nb), r.sum.resize(M * nb), r.nblocks = nb;
+  r.q.resize(M * K), r.d.resize(M * nb), r.sum.resize(M * nb), r.isum.resize(M * nb);
+  r.nblocks = nb;
   const float* xp = x.data_ptr<float>();
   int8_t* qp = r.q.data();
   float *dp = r.d.data(), *sp = r.sum.data();
+  int32_t* ip = r.isum.data();
   at::parallel_for(0, M * nb, 256, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const float* v = xp + i * BLOCK;
@@ -83,6 +93,7 @@ const QuantRows& quantize_rows(const torch::Tensor& x) {
       }
       dp[i] = d;
       sp[i] = d * static_cast<float>(sum);
+      ip[i] = sum;
     }
   });
   return r;
@@ -99,18 +110,27 @@ inline __m256i broadcast4(const int8_t* x, int j) {
   return _mm256_set1_epi32(v);
 }
 
+// 8 float16 values at p as 8 float32 lanes (exact)
+inline __m256 halves(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
 // Exact int32 block dots of the record's 8 outputs (one lane each) with R rows' x blocks.
 // maddubs takes an unsigned operand: q8 moves w's sign onto x (sign_epi8), q4/q5 weights
-// are unsigned already (their low term carries the offset).
+// are unsigned already (q4's low term and q5's offset carry the shift).
+// Each kind says where its weight bytes start (after its float16 fields), whether it has
+// a low field, and the offset subtracted from its unsigned weights.
 struct Q8 {
-  static constexpr int64_t RECORD = SCALES + TILE * BLOCK;
+  static constexpr int64_t WEIGHTS = SCALES;
+  static constexpr int64_t RECORD = WEIGHTS + TILE * BLOCK;
   static constexpr bool has_low = false;
+  static constexpr int32_t offset = 0;
   template <int R>
   static inline void dots(const uint8_t* rec, const int8_t* const* x, __m256i* d) {
     const __m256i ones = _mm256_set1_epi16(1);
     for (int r = 0; r < R; ++r) d[r] = _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j) {
-      const __m256i w = load(rec + SCALES + 32 * j), wabs = _mm256_sign_epi8(w, w);
+      const __m256i w = load(rec + WEIGHTS + 32 * j), wabs = _mm256_sign_epi8(w, w);
       for (int r = 0; r < R; ++r) {
         const __m256i p = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(broadcast4(x[r], j), w));
         d[r] = _mm256_add_epi32(d[r], _mm256_madd_epi16(p, ones));  // |p| <= 2 * 127^2
@@ -119,9 +139,9 @@ struct Q8 {
   }
 };
 
-// Steps 2i and 2i+1 of a q4 record (its i-th nibble array), as bytes 0..15.
-inline void nibble_pair(const uint8_t* rec, int i, __m256i& lo, __m256i& hi) {
-  const __m256i mask = _mm256_set1_epi8(0x0F), p = load(rec + 2 * SCALES + 32 * i);
+// Steps 2i and 2i+1 of a record's i-th nibble array (nibbles at byte `at`), as bytes 0..15.
+inline void nibble_pair(const uint8_t* nibbles, int i, __m256i& lo, __m256i& hi) {
+  const __m256i mask = _mm256_set1_epi8(0x0F), p = load(nibbles + 32 * i);
   lo = _mm256_and_si256(p, mask);
   hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), mask);
 }
@@ -137,15 +157,17 @@ inline void add_pair(__m256i lo, __m256i hi, const int8_t* const* x, int i, __m2
 }
 
 struct Q4 {
-  static constexpr int64_t RECORD = 2 * SCALES + TILE * BLOCK / 2;
+  static constexpr int64_t WEIGHTS = 2 * SCALES;
+  static constexpr int64_t RECORD = WEIGHTS + TILE * BLOCK / 2;
   static constexpr bool has_low = true;
+  static constexpr int32_t offset = 0;
   template <int R>
   static inline void dots(const uint8_t* rec, const int8_t* const* x, __m256i* d) {
     __m256i s[R];
     for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_si256();
     for (int i = 0; i < 4; ++i) {  // 8 steps of 2 products <= 15 * 127: fits 16 bits
       __m256i lo, hi;
-      nibble_pair(rec, i, lo, hi);
+      nibble_pair(rec + WEIGHTS, i, lo, hi);
       add_pair<R>(lo, hi, x, i, s);
     }
     const __m256i ones = _mm256_set1_epi16(1);
@@ -164,19 +186,22 @@ inline __m256i fifth(__m256i plane) {
 }
 
 struct Q5 {
-  static constexpr int64_t RECORD = Q4::RECORD + 32;
-  static constexpr bool has_low = true;
+  static constexpr int64_t WEIGHTS = SCALES;
+  static constexpr int64_t PLANE = WEIGHTS + TILE * BLOCK / 2;  // the fifth bits
+  static constexpr int64_t RECORD = PLANE + 32;
+  static constexpr bool has_low = false;
+  static constexpr int32_t offset = 16;
   template <int I, int R>
   static inline void pair(const uint8_t* rec, __m256i plane, const int8_t* const* x, __m256i* s) {
     __m256i lo, hi;
-    nibble_pair(rec, I, lo, hi);
+    nibble_pair(rec + WEIGHTS, I, lo, hi);
     lo = _mm256_or_si256(lo, fifth<2 * I>(plane));
     hi = _mm256_or_si256(hi, fifth<2 * I + 1>(plane));
     add_pair<R>(lo, hi, x, I, s);
   }
   template <int R>
   static inline void dots(const uint8_t* rec, const int8_t* const* x, __m256i* d) {
-    const __m256i plane = load(rec + Q4::RECORD), ones = _mm256_set1_epi16(1);
+    const __m256i plane = load(rec + PLANE), ones = _mm256_set1_epi16(1);
     __m256i s[R], t[R];
     for (int r = 0; r < R; ++r) s[r] = t[r] = _mm256_setzero_si256();
     // 4 steps of 2 products <= 31 * 127 fit 16 bits: two halves, widened separately
@@ -204,15 +229,15 @@ inline void tile(const uint8_t* records, const QuantRows& x, int64_t m0, int64_t
     for (int r = 0; r < R; ++r) xb[r] = &x.q[((m0 + r) * nb + b) * BLOCK];
     __m256i dot[R];
     W::template dots<R>(rec, xb, dot);
-    const __m256 scale = _mm256_loadu_ps(reinterpret_cast<const float*>(rec));
+    const __m256 scale = halves(rec);
     for (int r = 0; r < R; ++r) {
       const int64_t i = (m0 + r) * nb + b;
+      if constexpr (W::offset != 0)  // exact: |dot - 16 sum(q_x)| < 2^24
+        dot[r] = _mm256_sub_epi32(dot[r], _mm256_set1_epi32(W::offset * x.isum[i]));
       const __m256 d = _mm256_cvtepi32_ps(dot[r]);  // exact: |dot| < 2^24
       acc[r] = _mm256_fmadd_ps(d, _mm256_mul_ps(scale, _mm256_set1_ps(x.d[i])), acc[r]);
-      if constexpr (W::has_low) {
-        const __m256 low = _mm256_loadu_ps(reinterpret_cast<const float*>(rec + SCALES));
-        acc[r] = _mm256_fmadd_ps(low, _mm256_set1_ps(x.sum[i]), acc[r]);
-      }
+      if constexpr (W::has_low)
+        acc[r] = _mm256_fmadd_ps(halves(rec + SCALES), _mm256_set1_ps(x.sum[i]), acc[r]);
     }
   }
   const int64_t valid = std::min<int64_t>(TILE, n_out - n0);
@@ -241,45 +266,57 @@ constexpr int ROWS = 4;
 // walks its tiles (a tile's records are read once per chunk)
 constexpr int64_t CHUNK_BYTES = 256 * 1024;
 
-// y = x @ W^T + bias for a whole call: quantize x's rows, then walk the tiles.
-template <class W>
-torch::Tensor run(const torch::Tensor& x_in, const torch::Tensor& records, int64_t n_out,
-                  const c10::optional<torch::Tensor>& b, const c10::optional<torch::Tensor>& out) {
+// One weight matrix of a call: its kind (0 q8, 1 q4, 2 q5), records and outputs. A call may
+// run several that read the same x (q/k/v, gate/up) side by side, of different kinds: x is
+// quantized once and all their tiles share one parallel region.
+struct Part {
+  int64_t kind;
+  const uint8_t* base;
+  int64_t tiles, tile_bytes, n0;  // n0: its first output column in y
+};
+
+constexpr int64_t KINDS = 3;
+constexpr int64_t RECORD_BYTES[KINDS] = {Q8::RECORD, Q4::RECORD, Q5::RECORD};
+
+void tile_rows(const Part& p, int64_t t, const QuantRows& x, int64_t m0, int64_t m1,
+               int64_t n_out, float* y, const float* bias) {
+  const uint8_t* rec = p.base + t * p.tile_bytes;
+  const int64_t n0 = p.n0 + t * TILE;
+  switch (p.kind) {
+    case 0: return rows<ROWS, Q8>(rec, x, m0, m1, n0, n_out, y, bias);
+    case 1: return rows<ROWS, Q4>(rec, x, m0, m1, n0, n_out, y, bias);
+    default: return rows<ROWS, Q5>(rec, x, m0, m1, n0, n_out, y, bias);
+  }
+}
+
+// y = x @ [W_0; W_1; ...]^T + bias for a whole call: quantize x's rows, then walk the tiles.
+void run(const torch::Tensor& x_in, const std::vector<Part>& parts, int64_t n_out, float* yp,
+         const float* bias) {
   const int64_t M = x_in.size(0), K = x_in.size(1);
-  auto y = out ? *out : torch::empty({M, n_out}, x_in.options());
-  if (M == 0) return y;
   const QuantRows& x = quantize_rows(x_in);
-  const float* bias = b ? b->data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
-  const uint8_t* base = records.data_ptr<uint8_t>();
-  const int64_t tiles = records.size(0), tile_bytes = x.nblocks * W::RECORD;
+  std::vector<int64_t> first{0};  // global tile index -> part: parts' tile ranges
+  for (const Part& p : parts) first.push_back(first.back() + p.tiles);
   const int64_t chunk = std::max<int64_t>(ROWS, CHUNK_BYTES / K / ROWS * ROWS);
   // about 64K weights per task: small matrices stay on one thread
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / (K * TILE));
   // tiles split across threads, so each weight is read from memory once per row chunk
-  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, first.back(), grain, [&](int64_t t0, int64_t t1) {
     for (int64_t mc = 0; mc < M; mc += chunk) {
       const int64_t me = std::min(M, mc + chunk);
-      for (int64_t t = t0; t < t1; ++t)
-        rows<ROWS, W>(base + t * tile_bytes, x, mc, me, t * TILE, n_out, yp, bias);
+      size_t p = std::upper_bound(first.begin(), first.end(), t0) - first.begin() - 1;
+      for (int64_t t = t0; t < t1; ++t) {
+        while (t >= first[p + 1]) ++p;
+        tile_rows(parts[p], t - first[p], x, mc, me, n_out, yp, bias);
+      }
     }
   });
-  return y;
 }
 
-template <class W>
-torch::Tensor linear(torch::Tensor x, const torch::Tensor& records, int64_t n_out,
-                     const c10::optional<torch::Tensor>& bias,
-                     const c10::optional<torch::Tensor>& out) {
-  x = x.contiguous();
+void check_args(const torch::Tensor& x, int64_t n_out, const c10::optional<torch::Tensor>& bias,
+                const c10::optional<torch::Tensor>& out) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32 && x.dim() == 2,
               "lowbit linear: x must be a 2-D float32 CPU tensor");
   TORCH_CHECK(x.size(1) % BLOCK == 0, "lowbit linear: in_features must be a multiple of 32");
-  TORCH_CHECK(records.scalar_type() == torch::kUInt8 && records.is_contiguous() &&
-                  records.dim() == 3 && records.size(0) * TILE >= n_out &&
-                  records.size(0) * TILE < n_out + TILE &&
-                  records.size(1) * BLOCK == x.size(1) && records.size(2) == W::RECORD,
-              "lowbit linear: records must be uint8 [ceil(N/8), K/32, ", W::RECORD, "]");
   if (bias) {
     TORCH_CHECK(bias->scalar_type() == torch::kFloat32 && bias->is_contiguous() &&
                     bias->numel() == n_out,
@@ -291,25 +328,42 @@ torch::Tensor linear(torch::Tensor x, const torch::Tensor& records, int64_t n_ou
                     out->size(1) == n_out,
                 "lowbit linear: out must be a contiguous float32 CPU tensor [M, N]");
   }
-  return run<W>(x, records, n_out, bias, out);
+}
+
+// Part i's records checked against x and its output count; every part but the last must
+// fill whole tiles (a padded tile would write into the next part's columns).
+Part make_part(const torch::Tensor& records, int64_t kind, int64_t n, int64_t n0, bool last,
+               int64_t K) {
+  TORCH_CHECK(kind >= 0 && kind < KINDS, "lowbit linear: kind must be 0 (q8), 1 (q4), 2 (q5)");
+  const int64_t bytes = RECORD_BYTES[kind];
+  TORCH_CHECK(records.scalar_type() == torch::kUInt8 && records.is_contiguous() &&
+                  records.dim() == 3 && records.size(0) * TILE >= n &&
+                  records.size(0) * TILE < n + TILE && records.size(1) * BLOCK == K &&
+                  records.size(2) == bytes,
+              "lowbit linear: records must be uint8 [ceil(N/8), K/32, ", bytes, "]");
+  TORCH_CHECK(last || n % TILE == 0, "lowbit linear: only the last part may end mid-tile");
+  return Part{kind, records.data_ptr<uint8_t>(), records.size(0), records.size(1) * bytes, n0};
 }
 
 }  // namespace
 
-torch::Tensor q8_linear(torch::Tensor x, const torch::Tensor& records, int64_t n_out,
-                        const c10::optional<torch::Tensor>& bias,
-                        const c10::optional<torch::Tensor>& out) {
-  return linear<Q8>(std::move(x), records, n_out, bias, out);
-}
-
-torch::Tensor q4_linear(torch::Tensor x, const torch::Tensor& records, int64_t n_out,
-                        const c10::optional<torch::Tensor>& bias,
-                        const c10::optional<torch::Tensor>& out) {
-  return linear<Q4>(std::move(x), records, n_out, bias, out);
-}
-
-torch::Tensor q5_linear(torch::Tensor x, const torch::Tensor& records, int64_t n_out,
-                        const c10::optional<torch::Tensor>& bias,
-                        const c10::optional<torch::Tensor>& out) {
-  return linear<Q5>(std::move(x), records, n_out, bias, out);
+torch::Tensor lowbit_linear(torch::Tensor x, const std::vector<torch::Tensor>& records,
+                            const std::vector<int64_t>& kinds, const std::vector<int64_t>& n_outs,
+                            const c10::optional<torch::Tensor>& bias,
+                            const c10::optional<torch::Tensor>& out) {
+  x = x.contiguous();
+  TORCH_CHECK(!records.empty() && kinds.size() == records.size() &&
+                  n_outs.size() == records.size(),
+              "lowbit linear: one kind and output count per records tensor");
+  int64_t n_out = 0;
+  std::vector<Part> parts;
+  for (size_t i = 0; i < records.size(); ++i) {
+    const bool last = i + 1 == records.size();
+    parts.push_back(make_part(records[i], kinds[i], n_outs[i], n_out, last, x.size(1)));
+    n_out += n_outs[i];
+  }
+  check_args(x, n_out, bias, out);
+  auto y = out ? *out : torch::empty({x.size(0), n_out}, x.options());
+  if (x.size(0) > 0) run(x, parts, n_out, y.data_ptr<float>(), bias ? bias->data_ptr<float>() : nullptr);
+  return y;
 }

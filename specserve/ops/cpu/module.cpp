@@ -2,13 +2,13 @@
 #include "kernels.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("q8_linear", &q8_linear, "x @ (s*q)^T + bias, int8 blocks of 32 in tiled records");
-  m.def("q4_linear", &q4_linear, "x @ (s*q+low)^T + bias, 4-bit blocks of 32 in tiled records");
-  m.def("q5_linear", &q5_linear, "x @ (s*q+low)^T + bias, 5-bit blocks of 32 in tiled records");
+  m.def("lowbit_linear", &lowbit_linear,
+        "x @ [W_0; W_1; ...]^T + bias, each W in tiled records of kind 0 q8, 1 q4, 2 q5");
   m.def("cached_attention", &cached_attention,
         "attention of q [T, H, D] over the slot KV cache, every row alone (causal, window)");
   m.def("attend_qkv", &attend_qkv,
-        "rotary q/k from a fused qkv projection, k/v into the cache, then cached_attention");
+        "(q/k norm,) rotary q/k from a fused qkv projection, k/v into the cache, then "
+        "cached_attention");
   m.def("rms_norm", &rms_norm, "x / rms(x) * w over the last dim, float32");
   m.def("add_rms_norm", &add_rms_norm, "(x + y, rms_norm(x + y) * w), float32");
   m.def("gated", &gated, "act(gate) * up from gate_up [..., 2I]; act silu or tanh-gelu");
