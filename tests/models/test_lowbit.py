@@ -1,6 +1,9 @@
-"""specserve's AVX2 low-bit kernels: the arithmetic they claim, row for row, at any batch size."""
+"""specserve's low-bit kernels: the arithmetic they claim, row for row, at any batch size, on
+every instruction set this CPU has (AVX2, and AVX-512 VNNI where present), with the same bits."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -10,6 +13,7 @@ from specserve.models.layers.lowbit import (
     Q4Linear,
     Q5Linear,
     Q8Linear,
+    kernel_isa,
     q4_blocks,
     q5_blocks,
     q8_blocks,
@@ -17,6 +21,23 @@ from specserve.models.layers.lowbit import (
 from specserve.ops.cpu.build import problem
 
 pytestmark = pytest.mark.skipif(problem() is not None, reason=f"low-bit kernels: {problem()}")
+
+
+def _isas() -> list[str]:
+    if problem() is not None:
+        return []
+    best = kernel_isa("auto")
+    return ["avx2"] if best == "avx2" else ["avx2", best]
+
+
+@pytest.fixture(params=_isas())
+def isa(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Runs the test on each instruction set the CPU has, then restores the default."""
+    kernel_isa(request.param)
+    try:
+        yield request.param
+    finally:
+        kernel_isa("auto")
 
 
 def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,7 +136,7 @@ def test_q4_blocks_round_within_half_a_step() -> None:
 
 
 @pytest.mark.parametrize("cls", list(BLOCKS))
-def test_kernel_computes_the_quantized_arithmetic(cls: type) -> None:
+def test_kernel_computes_the_quantized_arithmetic(cls: type, isa: str) -> None:
     w, bias, x = _case()
     layer = cls(w, bias)
     ref = (_reference_q8 if cls is Q8Linear else _reference_low)(x, layer) + bias.double()
@@ -130,9 +151,9 @@ def test_kernel_computes_the_quantized_arithmetic(cls: type) -> None:
 
 @pytest.mark.parametrize("cls", list(BLOCKS))
 @pytest.mark.parametrize("threads", [1, 2])
-def test_a_row_does_not_depend_on_the_rows_beside_it(cls: type, threads: int) -> None:
-    # tiles are 8 outputs x up to 4 rows; 70 outputs leave a padded tile of 6; row counts
-    # cover every remainder of the row groups
+def test_a_row_does_not_depend_on_the_rows_beside_it(cls: type, threads: int, isa: str) -> None:
+    # tiles are 8 outputs x up to 4 rows (AVX2) or 8 (VNNI); 70 outputs leave a padded tile
+    # of 6; row counts cover every remainder of the row groups
     w, bias, x = _case(m=70)
     layer = cls(w, bias)
     before = torch.get_num_threads()
@@ -245,3 +266,39 @@ def test_fused_q_k_v_and_gate_up_give_the_same_bits() -> None:
     q1 = attn.q(y).clone()
     y.mul_(2)
     assert not torch.equal(attn.q(y), q1)
+
+
+@pytest.mark.skipif(len(_isas()) < 2, reason="this CPU has only AVX2: one instruction set")
+@pytest.mark.parametrize("cls", list(BLOCKS))
+def test_every_instruction_set_gives_the_same_bits(cls: type) -> None:
+    # the VNNI dots are the same integers (q8 by way of x + 128) and the float steps shared
+    w, bias, x = _case(n=70, k=896, m=37)
+    layer = cls(w, bias)
+    got = {}
+    try:
+        for name in _isas():
+            kernel_isa(name)
+            got[name] = layer(x)
+    finally:
+        kernel_isa("auto")
+    first = got.pop("avx2")
+    for name, y in got.items():
+        assert torch.equal(y, first), (name, (y - first).abs().max())
+
+
+def test_unknown_instruction_set_is_refused() -> None:
+    with pytest.raises(RuntimeError, match="want '', 'auto', 'avx2' or 'avx512vnni', got 'sse'"):
+        kernel_isa("sse")
+    assert kernel_isa("") == kernel_isa("auto")
+
+
+@pytest.mark.skipif(len(_isas()) < 2, reason="this CPU has only AVX2: nothing to choose")
+def test_the_environment_can_ask_for_avx2() -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = "from specserve.models.layers.lowbit import kernel_isa; print(kernel_isa())"
+    env = {**os.environ, "SPECSERVE_CPU_ISA": "avx2"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "avx2", out.stderr

@@ -11,6 +11,9 @@ stand.
 
 From a GGUF, Q8_0 (on q8) and Q5_0 (on q5) weights come back exactly: the requantization
 finds their (float16) scales again. Other types are re-quantized from their float32 values.
+
+The kernels run on AVX-512 VNNI where the CPU has it and on AVX2 otherwise (`kernel_isa`;
+SPECSERVE_CPU_ISA=avx2 forces AVX2); both give the same bits.
 """
 
 from __future__ import annotations
@@ -27,6 +30,12 @@ GROUP = 32
 TILE = 8  # outputs per record: one float32 lane each in ops/cpu/lowbit.cpp
 STEP = 4  # inputs per integer step: a step holds 4 inputs of each of the tile's 8 outputs
 FIELD = TILE * 2  # bytes of a record's float16 field (8 scales, or 8 lows)
+
+
+def kernel_isa(want: str = "") -> str:
+    """The instruction set the low-bit kernels run on ("avx2" or "avx512vnni"); `want` sets
+    it ("auto": the best this CPU has). A RuntimeError says when the CPU lacks it."""
+    return cast(str, load().lowbit_isa(want))
 
 
 def half_values(v: torch.Tensor, rounding: str = "nearest") -> torch.Tensor:

@@ -1,11 +1,12 @@
-"""Build the CPU kernels (lowbit.cpp, attention.cpp, pointwise.cpp) on first use and cache
-the library under ~/.cache/specserve/ext.
+"""Build the CPU kernels (lowbit.cpp, lowbit_vnni.cpp, attention.cpp, pointwise.cpp) on first
+use and cache the library under ~/.cache/specserve/ext.
 
 The kernels need AVX2 + FMA (and F16C, which every AVX2 CPU has) and a C++ compiler (gcc is
 on every machine this project targets). `load()` raises a SpecserveError that says which of
 the two is missing, so
 `--weights int8/int5/int4/auto` fails with a reason instead of a stack trace; callers that can
-fall back ask `available()` first.
+fall back ask `available()` first. lowbit_vnni.cpp is compiled for AVX-512 VNNI whatever the
+CPU (its own `#pragma GCC target`) and runs only where the CPU has it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ import torch
 from specserve.errors import SpecserveError
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / name for name in ("module.cpp", "lowbit.cpp", "attention.cpp", "pointwise.cpp")]
+SOURCES = [
+    HERE / name
+    for name in ("module.cpp", "lowbit.cpp", "lowbit_vnni.cpp", "attention.cpp", "pointwise.cpp")
+]
 # -ffp-contract=off: gcc would otherwise fuse a*b+c into an FMA in some tile shapes and
 # not in others, and a row's result would depend on the tile it lands in
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off"]
@@ -32,7 +36,7 @@ FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off"]
 def cache_dir() -> Path:
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     # one folder per source version: an edit rebuilds instead of loading a stale library
-    text = b"".join(p.read_bytes() for p in [*SOURCES, HERE / "kernels.h"])
+    text = b"".join(p.read_bytes() for p in [*SOURCES, *sorted(HERE.glob("*.h"))])
     digest = hashlib.sha256(text + " ".join(FLAGS).encode()).hexdigest()[:12]
     return root / "specserve" / "ext" / f"cpu-{digest}"
 

@@ -5,12 +5,15 @@
 #include <immintrin.h>
 #include <torch/extension.h>
 
+#include <string>
 #include <vector>
 
 torch::Tensor lowbit_linear(torch::Tensor x, const std::vector<torch::Tensor>& records,
                             const std::vector<int64_t>& kinds, const std::vector<int64_t>& n_outs,
                             const c10::optional<torch::Tensor>& bias,
                             const c10::optional<torch::Tensor>& out);
+// the low-bit kernels' instruction set: "avx2" or "avx512vnni" ('' asks; "auto" = the best)
+std::string lowbit_isa(const std::string& want);
 
 torch::Tensor cached_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                const std::vector<int64_t>& slots, const std::vector<int64_t>& cu,

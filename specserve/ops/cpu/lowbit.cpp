@@ -1,4 +1,5 @@
-// Weight-only low-bit linears for AVX2 CPUs: y[M, N] = x[M, K] @ W^T (+ bias), float32 in
+// Weight-only low-bit linears for AVX2 CPUs (and AVX-512 VNNI ones, whose block dots are in
+// lowbit_vnni.cpp): y[M, N] = x[M, K] @ W^T (+ bias), float32 in
 // and out, weights kept in blocks of 32 inputs, scales as float16 (as GGUF stores them):
 //   q8: W = s * q,        q int8,  one scale per block (GGUF Q8_0's own layout)
 //   q4: W = s * q + low,  q 0..15, one scale and low per block
@@ -39,44 +40,51 @@
 // Batch invariance by construction: y[m, n] is one vector lane that always runs the same
 // sequence of operations (row m quantized alone; blocks in order; exact integer block dots;
 // acc = fma(dot, s * d, acc), then for q4 acc = fma(low, d * sum(q_x), acc); the same final
-// add), whatever M is and whichever group of rows the row lands in.
+// add), whatever M is and whichever group of rows the row lands in. The same holds across
+// instruction sets: the VNNI dots are the same integers, and lowbit_tile.h's float steps are
+// shared.
 
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
-#include <cstring>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "kernels.h"
+#include "lowbit_tile.h"
 
 namespace {
 
-constexpr int64_t BLOCK = 32;
-constexpr int64_t TILE = 8;
-constexpr int64_t SCALES = TILE * 2;  // bytes of one float16 field of a record
-// prefetch this many bytes ahead of the record being read (4 q8 records)
-constexpr int64_t PREFETCH = 1152;
+using lowbit::SCALES;
 
 // x quantized per row in blocks of 32: x ~ d * q; `isum` = sum(q), for q5's offset, and
-// `sum` = d * sum(q), for q4's low term. Buffers are per calling thread and reused, so a
-// call allocates nothing but y.
+// `sum` = d * sum(q), for q4's low term; `u` = q + 128 for the VNNI q8 path. Buffers are per
+// calling thread and reused, so a call allocates nothing but y.
 struct QuantRows {
   std::vector<int8_t> q;
+  std::vector<uint8_t> u;
   std::vector<float> d, sum;
   std::vector<int32_t> isum;
   int64_t nblocks = 0;
+  XRows view() const {
+    return XRows{q.data(), u.empty() ? nullptr : u.data(), d.data(), sum.data(), isum.data(),
+                 nblocks};
+  }
 };
 
-const QuantRows& quantize_rows(const torch::Tensor& x) {
+const QuantRows& quantize_rows(const torch::Tensor& x, bool with_u) {
   thread_local QuantRows r;
   const int64_t M = x.size(0), K = x.size(1), nb = K / BLOCK;
   r.q.resize(M * K), r.d.resize(M * nb), r.sum.resize(M * nb), r.isum.resize(M * nb);
+  r.u.resize(with_u ? M * K : 0);
   r.nblocks = nb;
   const float* xp = x.data_ptr<float>();
   int8_t* qp = r.q.data();
+  uint8_t* up = with_u ? r.u.data() : nullptr;
   float *dp = r.d.data(), *sp = r.sum.data();
   int32_t* ip = r.isum.data();
   at::parallel_for(0, M * nb, 256, [&](int64_t i0, int64_t i1) {
@@ -89,6 +97,7 @@ const QuantRows& quantize_rows(const torch::Tensor& x) {
       for (int j = 0; j < BLOCK; ++j) {
         const int q = static_cast<int>(std::nearbyint(v[j] * id));
         qp[i * BLOCK + j] = static_cast<int8_t>(q);
+        if (up) up[i * BLOCK + j] = static_cast<uint8_t>(q + 128);
         sum += q;
       }
       dp[i] = d;
@@ -99,169 +108,102 @@ const QuantRows& quantize_rows(const torch::Tensor& x) {
   return r;
 }
 
-inline __m256i load(const uint8_t* p) {
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-}
-
-// x's 4 bytes of step j, in every 32-bit lane
-inline __m256i broadcast4(const int8_t* x, int j) {
-  int32_t v;
-  std::memcpy(&v, x + 4 * j, 4);
-  return _mm256_set1_epi32(v);
-}
-
-// 8 float16 values at p as 8 float32 lanes (exact)
-inline __m256 halves(const uint8_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
-// Exact int32 block dots of the record's 8 outputs (one lane each) with R rows' x blocks.
-// maddubs takes an unsigned operand: q8 moves w's sign onto x (sign_epi8), q4/q5 weights
-// are unsigned already (q4's low term and q5's offset carry the shift).
-// Each kind says where its weight bytes start (after its float16 fields), whether it has
-// a low field, and the offset subtracted from its unsigned weights.
-struct Q8 {
-  static constexpr int64_t WEIGHTS = SCALES;
-  static constexpr int64_t RECORD = WEIGHTS + TILE * BLOCK;
-  static constexpr bool has_low = false;
-  static constexpr int32_t offset = 0;
+// AVX2's block dots: maddubs multiplies 32 unsigned by 32 signed bytes and adds pairs into
+// 16 bits, madd adds pairs again into 32. maddubs takes an unsigned operand: q8 moves w's
+// sign onto x (sign_epi8), q4/q5 weights are unsigned already (q4's low term and q5's offset
+// carry the shift).
+struct Q8 : lowbit::Q8Layout {
   template <int R>
-  static inline void dots(const uint8_t* rec, const int8_t* const* x, __m256i* d) {
+  static inline void dots(const uint8_t* rec, const XRows& x, const int64_t* idx, __m256i* d) {
     const __m256i ones = _mm256_set1_epi16(1);
     for (int r = 0; r < R; ++r) d[r] = _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j) {
       const __m256i w = load(rec + WEIGHTS + 32 * j), wabs = _mm256_sign_epi8(w, w);
       for (int r = 0; r < R; ++r) {
-        const __m256i p = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(broadcast4(x[r], j), w));
+        const __m256i xs = _mm256_sign_epi8(broadcast4(x.q + idx[r] * BLOCK, j), w);
+        const __m256i p = _mm256_maddubs_epi16(wabs, xs);
         d[r] = _mm256_add_epi32(d[r], _mm256_madd_epi16(p, ones));  // |p| <= 2 * 127^2
       }
     }
   }
 };
 
-// Steps 2i and 2i+1 of a record's i-th nibble array (nibbles at byte `at`), as bytes 0..15.
-inline void nibble_pair(const uint8_t* nibbles, int i, __m256i& lo, __m256i& hi) {
-  const __m256i mask = _mm256_set1_epi8(0x0F), p = load(nibbles + 32 * i);
-  lo = _mm256_and_si256(p, mask);
-  hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), mask);
-}
-
 // 16-bit sums of steps 2i and 2i+1 for R rows (each product <= 31 * 127)
 template <int R>
-inline void add_pair(__m256i lo, __m256i hi, const int8_t* const* x, int i, __m256i* s) {
+inline void add_pair(__m256i lo, __m256i hi, const XRows& x, const int64_t* idx, int i,
+                     __m256i* s) {
   for (int r = 0; r < R; ++r) {
-    const __m256i a = _mm256_maddubs_epi16(lo, broadcast4(x[r], 2 * i));
-    const __m256i b = _mm256_maddubs_epi16(hi, broadcast4(x[r], 2 * i + 1));
+    const int8_t* xr = x.q + idx[r] * BLOCK;
+    const __m256i a = _mm256_maddubs_epi16(lo, broadcast4(xr, 2 * i));
+    const __m256i b = _mm256_maddubs_epi16(hi, broadcast4(xr, 2 * i + 1));
     s[r] = _mm256_add_epi16(s[r], _mm256_add_epi16(a, b));
   }
 }
 
-struct Q4 {
-  static constexpr int64_t WEIGHTS = 2 * SCALES;
-  static constexpr int64_t RECORD = WEIGHTS + TILE * BLOCK / 2;
-  static constexpr bool has_low = true;
-  static constexpr int32_t offset = 0;
+struct Q4 : lowbit::Q4Layout {
   template <int R>
-  static inline void dots(const uint8_t* rec, const int8_t* const* x, __m256i* d) {
+  static inline void dots(const uint8_t* rec, const XRows& x, const int64_t* idx, __m256i* d) {
     __m256i s[R];
     for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_si256();
     for (int i = 0; i < 4; ++i) {  // 8 steps of 2 products <= 15 * 127: fits 16 bits
       __m256i lo, hi;
       nibble_pair(rec + WEIGHTS, i, lo, hi);
-      add_pair<R>(lo, hi, x, i, s);
+      add_pair<R>(lo, hi, x, idx, i, s);
     }
     const __m256i ones = _mm256_set1_epi16(1);
     for (int r = 0; r < R; ++r) d[r] = _mm256_madd_epi16(s[r], ones);
   }
 };
 
-// Bit J of each byte of the fifth-bit plane, moved to bit 4 (the value 16).
-template <int J>
-inline __m256i fifth(__m256i plane) {
-  const __m256i sixteen = _mm256_set1_epi8(16);
-  // 16-bit shifts: bit J of either byte of a lane lands on bit 4 of the same byte
-  if constexpr (J < 4) return _mm256_and_si256(_mm256_slli_epi16(plane, 4 - J), sixteen);
-  else if constexpr (J == 4) return _mm256_and_si256(plane, sixteen);
-  else return _mm256_and_si256(_mm256_srli_epi16(plane, J - 4), sixteen);
-}
-
-struct Q5 {
-  static constexpr int64_t WEIGHTS = SCALES;
-  static constexpr int64_t PLANE = WEIGHTS + TILE * BLOCK / 2;  // the fifth bits
-  static constexpr int64_t RECORD = PLANE + 32;
-  static constexpr bool has_low = false;
-  static constexpr int32_t offset = 16;
+struct Q5 : lowbit::Q5Layout {
   template <int I, int R>
-  static inline void pair(const uint8_t* rec, __m256i plane, const int8_t* const* x, __m256i* s) {
+  static inline void pair(const uint8_t* rec, __m256i plane, const XRows& x, const int64_t* idx,
+                          __m256i* s) {
     __m256i lo, hi;
-    nibble_pair(rec + WEIGHTS, I, lo, hi);
-    lo = _mm256_or_si256(lo, fifth<2 * I>(plane));
-    hi = _mm256_or_si256(hi, fifth<2 * I + 1>(plane));
-    add_pair<R>(lo, hi, x, I, s);
+    q5_pair<I>(rec, plane, lo, hi);
+    add_pair<R>(lo, hi, x, idx, I, s);
   }
   template <int R>
-  static inline void dots(const uint8_t* rec, const int8_t* const* x, __m256i* d) {
+  static inline void dots(const uint8_t* rec, const XRows& x, const int64_t* idx, __m256i* d) {
     const __m256i plane = load(rec + PLANE), ones = _mm256_set1_epi16(1);
     __m256i s[R], t[R];
     for (int r = 0; r < R; ++r) s[r] = t[r] = _mm256_setzero_si256();
     // 4 steps of 2 products <= 31 * 127 fit 16 bits: two halves, widened separately
-    pair<0, R>(rec, plane, x, s);
-    pair<1, R>(rec, plane, x, s);
-    pair<2, R>(rec, plane, x, t);
-    pair<3, R>(rec, plane, x, t);
+    pair<0, R>(rec, plane, x, idx, s);
+    pair<1, R>(rec, plane, x, idx, s);
+    pair<2, R>(rec, plane, x, idx, t);
+    pair<3, R>(rec, plane, x, idx, t);
     for (int r = 0; r < R; ++r)
       d[r] = _mm256_add_epi32(_mm256_madd_epi16(s[r], ones), _mm256_madd_epi16(t[r], ones));
+    q5_offset<R>(x, idx, d);
   }
 };
 
-// y[m0 .. m0+R, n0 .. n0+8) from one tile's records; row r's 8 outputs are one __m256.
-template <int R, class W>
-inline void tile(const uint8_t* records, const QuantRows& x, int64_t m0, int64_t n0,
-                 int64_t n_out, float* y, const float* bias) {
-  const int64_t nb = x.nblocks;
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* rec = records + b * W::RECORD;
-    for (int64_t off = 0; off < W::RECORD; off += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(rec + PREFETCH + off), _MM_HINT_T0);
-    const int8_t* xb[R];
-    for (int r = 0; r < R; ++r) xb[r] = &x.q[((m0 + r) * nb + b) * BLOCK];
-    __m256i dot[R];
-    W::template dots<R>(rec, xb, dot);
-    const __m256 scale = halves(rec);
-    for (int r = 0; r < R; ++r) {
-      const int64_t i = (m0 + r) * nb + b;
-      if constexpr (W::offset != 0)  // exact: |dot - 16 sum(q_x)| < 2^24
-        dot[r] = _mm256_sub_epi32(dot[r], _mm256_set1_epi32(W::offset * x.isum[i]));
-      const __m256 d = _mm256_cvtepi32_ps(dot[r]);  // exact: |dot| < 2^24
-      acc[r] = _mm256_fmadd_ps(d, _mm256_mul_ps(scale, _mm256_set1_ps(x.d[i])), acc[r]);
-      if constexpr (W::has_low)
-        acc[r] = _mm256_fmadd_ps(halves(rec + SCALES), _mm256_set1_ps(x.sum[i]), acc[r]);
-    }
-  }
-  const int64_t valid = std::min<int64_t>(TILE, n_out - n0);
-  for (int r = 0; r < R; ++r) {
-    alignas(32) float out[TILE];
-    _mm256_store_ps(out, acc[r]);
-    float* row = y + (m0 + r) * n_out + n0;
-    for (int c = 0; c < valid; ++c) row[c] = out[c] + (bias ? bias[n0 + c] : 0.0f);
-  }
+// The instruction set the kernels run on: AVX-512 VNNI where the CPU has it, unless
+// SPECSERVE_CPU_ISA=avx2 (or lowbit_isa("avx2")) asks for AVX2. Both give the same bits.
+enum Isa { AVX2 = 0, VNNI = 1 };
+
+bool cpu_has_vnni() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 }
 
-// Rows m_begin..m_end of one tile, R rows at a time, the last group smaller (R-1 .. 1).
-template <int R, class W>
-inline void rows(const uint8_t* records, const QuantRows& x, int64_t m_begin, int64_t m_end,
-                 int64_t n0, int64_t n_out, float* y, const float* bias) {
-  int64_t m = m_begin;
-  for (; m + R <= m_end; m += R) tile<R, W>(records, x, m, n0, n_out, y, bias);
-  if constexpr (R > 1) {
-    if (m < m_end) rows<R - 1, W>(records, x, m, m_end, n0, n_out, y, bias);
-  }
+Isa default_isa() {
+  const char* want = std::getenv("SPECSERVE_CPU_ISA");
+  if (want && std::string(want) == "avx2") return AVX2;
+  return cpu_has_vnni() ? VNNI : AVX2;
 }
 
-// rows sharing each weight record read (verification rows, prefill)
-constexpr int ROWS = 4;
+std::atomic<int>& isa() {
+  static std::atomic<int> value{default_isa()};
+  return value;
+}
+
+// rows sharing each weight record read (verification rows, prefill): AVX2 has 16 vector
+// registers, enough for 4 rows' accumulators and dots; the VNNI file takes 8
+constexpr int AVX2_ROWS = 4;
+constexpr int VNNI_ROWS = 8;
 // x rows in chunks of about this many bytes, so that a chunk stays in L2 while a thread
 // walks its tiles (a tile's records are read once per chunk)
 constexpr int64_t CHUNK_BYTES = 256 * 1024;
@@ -278,25 +220,24 @@ struct Part {
 constexpr int64_t KINDS = 3;
 constexpr int64_t RECORD_BYTES[KINDS] = {Q8::RECORD, Q4::RECORD, Q5::RECORD};
 
-void tile_rows(const Part& p, int64_t t, const QuantRows& x, int64_t m0, int64_t m1,
+void tile_rows(bool vnni, const Part& p, int64_t t, const XRows& x, int64_t m0, int64_t m1,
                int64_t n_out, float* y, const float* bias) {
   const uint8_t* rec = p.base + t * p.tile_bytes;
   const int64_t n0 = p.n0 + t * TILE;
-  switch (p.kind) {
-    case 0: return rows<ROWS, Q8>(rec, x, m0, m1, n0, n_out, y, bias);
-    case 1: return rows<ROWS, Q4>(rec, x, m0, m1, n0, n_out, y, bias);
-    default: return rows<ROWS, Q5>(rec, x, m0, m1, n0, n_out, y, bias);
-  }
+  if (vnni) return lowbit::vnni_tile_rows(p.kind, rec, x, m0, m1, n0, n_out, y, bias);
+  kind_rows<AVX2_ROWS, Q8, Q4, Q5>(p.kind, rec, x, m0, m1, n0, n_out, y, bias);
 }
 
 // y = x @ [W_0; W_1; ...]^T + bias for a whole call: quantize x's rows, then walk the tiles.
 void run(const torch::Tensor& x_in, const std::vector<Part>& parts, int64_t n_out, float* yp,
          const float* bias) {
   const int64_t M = x_in.size(0), K = x_in.size(1);
-  const QuantRows& x = quantize_rows(x_in);
+  const bool vnni = isa().load() == VNNI;
+  const XRows x = quantize_rows(x_in, vnni).view();
   std::vector<int64_t> first{0};  // global tile index -> part: parts' tile ranges
   for (const Part& p : parts) first.push_back(first.back() + p.tiles);
-  const int64_t chunk = std::max<int64_t>(ROWS, CHUNK_BYTES / K / ROWS * ROWS);
+  const int64_t group = vnni ? VNNI_ROWS : AVX2_ROWS;
+  const int64_t chunk = std::max<int64_t>(group, CHUNK_BYTES / K / group * group);
   // about 64K weights per task: small matrices stay on one thread
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / (K * TILE));
   // tiles split across threads, so each weight is read from memory once per row chunk
@@ -306,7 +247,7 @@ void run(const torch::Tensor& x_in, const std::vector<Part>& parts, int64_t n_ou
       size_t p = std::upper_bound(first.begin(), first.end(), t0) - first.begin() - 1;
       for (int64_t t = t0; t < t1; ++t) {
         while (t >= first[p + 1]) ++p;
-        tile_rows(parts[p], t - first[p], x, mc, me, n_out, yp, bias);
+        tile_rows(vnni, parts[p], t - first[p], x, mc, me, n_out, yp, bias);
       }
     }
   });
@@ -366,4 +307,18 @@ torch::Tensor lowbit_linear(torch::Tensor x, const std::vector<torch::Tensor>& r
   auto y = out ? *out : torch::empty({x.size(0), n_out}, x.options());
   if (x.size(0) > 0) run(x, parts, n_out, y.data_ptr<float>(), bias ? bias->data_ptr<float>() : nullptr);
   return y;
+}
+
+std::string lowbit_isa(const std::string& want) {
+  if (want == "avx2") {
+    isa().store(AVX2);
+  } else if (want == "avx512vnni" || want == "auto") {
+    const bool ok = cpu_has_vnni();
+    TORCH_CHECK(ok || want == "auto", "lowbit_isa: this CPU has no AVX-512 VNNI");
+    isa().store(ok ? VNNI : AVX2);
+  } else {
+    TORCH_CHECK(want.empty(), "lowbit_isa: want '', 'auto', 'avx2' or 'avx512vnni', got '",
+                want, "'");
+  }
+  return isa().load() == VNNI ? "avx512vnni" : "avx2";
 }

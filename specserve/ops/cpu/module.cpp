@@ -4,6 +4,9 @@
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lowbit_linear", &lowbit_linear,
         "x @ [W_0; W_1; ...]^T + bias, each W in tiled records of kind 0 q8, 1 q4, 2 q5");
+  m.def("lowbit_isa", &lowbit_isa,
+        "the low-bit kernels' instruction set ('avx2' or 'avx512vnni'); an argument sets it "
+        "('auto': the best this CPU has; '': only ask). Both give the same bits.");
   m.def("cached_attention", &cached_attention,
         "attention of q [T, H, D] over the slot KV cache, every row alone (causal, window)");
   m.def("attend_qkv", &attend_qkv,

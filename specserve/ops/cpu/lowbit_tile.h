@@ -1,0 +1,176 @@
+// The part of the low-bit kernels that every instruction set shares: the record layouts,
+// x's quantized rows as the tiles read them, and the walk over one tile's records. Each
+// instruction-set file (lowbit.cpp: AVX2; lowbit_vnni.cpp: AVX-512 VNNI) includes this
+// after choosing its target, defines its kinds' `dots`, and so compiles its own copy of the
+// walk: the copies live in an anonymous namespace, so neither file can link to the other's
+// (a shared inline function compiled with AVX-512 could otherwise be the one the linker
+// keeps, and crash an AVX2 machine). Nothing here uses the standard library's templates for
+// the same reason.
+//
+// A tile turns exact int32 block dots into float32 the same way in both files, with the same
+// operations in the same order (cvt, mul, fma; -ffp-contract=off), so the two instruction
+// sets give the same bits.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace lowbit {
+
+constexpr int64_t BLOCK = 32;
+constexpr int64_t TILE = 8;
+constexpr int64_t SCALES = TILE * 2;  // bytes of one float16 field of a record
+// prefetch this many bytes ahead of the record being read (4 q8 records)
+constexpr int64_t PREFETCH = 1152;
+
+// x quantized per row in blocks of 32 (see quantize_rows in lowbit.cpp), as plain pointers.
+struct XRows {
+  const int8_t* q;      // [M, K]: x ~ d * q
+  const uint8_t* u;     // q + 128 as unsigned bytes (the VNNI q8 path's operand), or null
+  const float* d;       // [M, K/32]
+  const float* sum;     // d * sum(q) per block: q4's low term
+  const int32_t* isum;  // sum(q) per block: q5's offset term
+  int64_t nblocks;
+};
+
+// Where each kind's fields sit in its record (models/layers/lowbit.py writes them).
+struct Q8Layout {
+  static constexpr int64_t WEIGHTS = SCALES;
+  static constexpr int64_t RECORD = WEIGHTS + TILE * BLOCK;
+  static constexpr bool has_low = false;
+};
+struct Q4Layout {
+  static constexpr int64_t WEIGHTS = 2 * SCALES;
+  static constexpr int64_t RECORD = WEIGHTS + TILE * BLOCK / 2;
+  static constexpr bool has_low = true;
+};
+struct Q5Layout {
+  static constexpr int64_t WEIGHTS = SCALES;
+  static constexpr int64_t PLANE = WEIGHTS + TILE * BLOCK / 2;  // the fifth bits
+  static constexpr int64_t RECORD = PLANE + 32;
+  static constexpr bool has_low = false;
+  static constexpr int32_t offset = 16;
+};
+
+// Rows m0..m1 of tile `t` of one matrix of `kind` with the AVX-512 VNNI kinds (defined in
+// lowbit_vnni.cpp, which is compiled for those instructions; call only where the CPU has them).
+void vnni_tile_rows(int64_t kind, const uint8_t* records, const XRows& x, int64_t m0, int64_t m1,
+                    int64_t n0, int64_t n_out, float* y, const float* bias);
+
+}  // namespace lowbit
+
+namespace {
+
+using lowbit::BLOCK;
+using lowbit::TILE;
+using lowbit::XRows;
+
+inline __m256i load(const uint8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+// 4 bytes of x (step j of a block), in every 32-bit lane
+template <class T>
+inline __m256i broadcast4(const T* x, int j) {
+  int32_t v;
+  std::memcpy(&v, x + 4 * j, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// 8 float16 values at p as 8 float32 lanes (exact)
+inline __m256 halves(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Steps 2i and 2i+1 of a record's i-th nibble array, as bytes 0..15.
+inline void nibble_pair(const uint8_t* nibbles, int i, __m256i& lo, __m256i& hi) {
+  const __m256i mask = _mm256_set1_epi8(0x0F), p = load(nibbles + 32 * i);
+  lo = _mm256_and_si256(p, mask);
+  hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), mask);
+}
+
+// Bit J of each byte of the fifth-bit plane, moved to bit 4 (the value 16).
+template <int J>
+inline __m256i fifth(__m256i plane) {
+  const __m256i sixteen = _mm256_set1_epi8(16);
+  // 16-bit shifts: bit J of either byte of a lane lands on bit 4 of the same byte
+  if constexpr (J < 4) return _mm256_and_si256(_mm256_slli_epi16(plane, 4 - J), sixteen);
+  else if constexpr (J == 4) return _mm256_and_si256(plane, sixteen);
+  else return _mm256_and_si256(_mm256_srli_epi16(plane, J - 4), sixteen);
+}
+
+// q5 pair i's two steps as bytes 0..31: nibbles plus the fifth bits
+template <int I>
+inline void q5_pair(const uint8_t* rec, __m256i plane, __m256i& lo, __m256i& hi) {
+  nibble_pair(rec + lowbit::Q5Layout::WEIGHTS, I, lo, hi);
+  lo = _mm256_or_si256(lo, fifth<2 * I>(plane));
+  hi = _mm256_or_si256(hi, fifth<2 * I + 1>(plane));
+}
+
+// q5's -16: dot - 16 sum(q_x), exact (|dot| < 2^24)
+template <int R>
+inline void q5_offset(const XRows& x, const int64_t* idx, __m256i* d) {
+  for (int r = 0; r < R; ++r)
+    d[r] = _mm256_sub_epi32(d[r], _mm256_set1_epi32(lowbit::Q5Layout::offset * x.isum[idx[r]]));
+}
+
+// y[m0 .. m0+R, n0 .. n0+8) from one tile's records; row r's 8 outputs are one __m256.
+// W::dots gives the exact int32 block dots of the record's 8 outputs with R rows' blocks
+// (`idx`: each row's block index in x).
+template <int R, class W>
+inline void tile(const uint8_t* records, const XRows& x, int64_t m0, int64_t n0, int64_t n_out,
+                 float* y, const float* bias) {
+  const int64_t nb = x.nblocks;
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* rec = records + b * W::RECORD;
+    for (int64_t off = 0; off < W::RECORD; off += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(rec + lowbit::PREFETCH + off), _MM_HINT_T0);
+    int64_t idx[R];
+    for (int r = 0; r < R; ++r) idx[r] = (m0 + r) * nb + b;
+    __m256i dot[R];
+    W::template dots<R>(rec, x, idx, dot);
+    const __m256 scale = halves(rec);
+    for (int r = 0; r < R; ++r) {
+      const __m256 d = _mm256_cvtepi32_ps(dot[r]);  // exact: |dot| < 2^24
+      acc[r] = _mm256_fmadd_ps(d, _mm256_mul_ps(scale, _mm256_set1_ps(x.d[idx[r]])), acc[r]);
+      if constexpr (W::has_low)
+        acc[r] = _mm256_fmadd_ps(halves(rec + lowbit::SCALES), _mm256_set1_ps(x.sum[idx[r]]),
+                                 acc[r]);
+    }
+  }
+  const int64_t valid = n_out - n0 < TILE ? n_out - n0 : TILE;
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float out[TILE];
+    _mm256_store_ps(out, acc[r]);
+    float* row = y + (m0 + r) * n_out + n0;
+    for (int c = 0; c < valid; ++c) row[c] = out[c] + (bias ? bias[n0 + c] : 0.0f);
+  }
+}
+
+// Rows m_begin..m_end of one tile, R rows at a time, the last group smaller (R-1 .. 1).
+template <int R, class W>
+inline void rows(const uint8_t* records, const XRows& x, int64_t m_begin, int64_t m_end,
+                 int64_t n0, int64_t n_out, float* y, const float* bias) {
+  int64_t m = m_begin;
+  for (; m + R <= m_end; m += R) tile<R, W>(records, x, m, n0, n_out, y, bias);
+  if constexpr (R > 1) {
+    if (m < m_end) rows<R - 1, W>(records, x, m, m_end, n0, n_out, y, bias);
+  }
+}
+
+// One tile of a matrix of `kind` (0 q8, 1 q4, 2 q5), up to ROWS rows sharing each record read.
+template <int ROWS, class Q8, class Q4, class Q5>
+inline void kind_rows(int64_t kind, const uint8_t* rec, const XRows& x, int64_t m0, int64_t m1,
+                      int64_t n0, int64_t n_out, float* y, const float* bias) {
+  switch (kind) {
+    case 0: return rows<ROWS, Q8>(rec, x, m0, m1, n0, n_out, y, bias);
+    case 1: return rows<ROWS, Q4>(rec, x, m0, m1, n0, n_out, y, bias);
+    default: return rows<ROWS, Q5>(rec, x, m0, m1, n0, n_out, y, bias);
+  }
+}
+
+}  // namespace
