@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -12,11 +12,18 @@ from specserve.models.batch import FlatBatch
 from specserve.models.config import ModelConfig
 from specserve.models.layers.attention import Attention
 from specserve.models.layers.basic import GatedMLP, RMSNorm, RotaryEmbedding, add_norm
+from specserve.models.layers.block_kernel import dense_block_kernel
 from specserve.models.layers.embedding import Embedding, rows_dtype_device
 from specserve.models.layers.lowbit import linear_into
 
+_UNSET = object()
+
 
 class Block(nn.Module):
+    # the whole block as one C++ call where every piece runs on our float32 CPU kernels
+    # (models/layers/block_kernel.py: the same kernels, the same bits); False: the modules
+    use_kernel = True
+
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         eps = cfg.rms_norm_eps
@@ -28,6 +35,19 @@ class Block(nn.Module):
         sandwich = cfg.sandwich_norm
         self.post_attn_norm = RMSNorm(cfg.hidden_size, eps) if sandwich else None
         self.post_ffn_norm = RMSNorm(cfg.hidden_size, eps) if sandwich else None
+        # made on the first forward, after the loader has fused the low-bit layers
+        self._kernel: Any = _UNSET
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Block:  # noqa: ANN401
+        # .to() / .float() / .cuda() make new tensors: the kernel block held the old ones
+        self._kernel = _UNSET
+        return cast(Block, super()._apply(fn, recurse))
+
+    def kernel(self) -> Any:  # noqa: ANN401
+        """The kernels' DenseBlock for this block, or None (made once)."""
+        if self._kernel is _UNSET:
+            self._kernel = dense_block_kernel(self)
+        return self._kernel
 
     def forward(
         self, x: torch.Tensor, h: torch.Tensor | None, batch: FlatBatch, cache: KVCache
@@ -35,6 +55,23 @@ class Block(nn.Module):
         """x: the residual stream; h: the previous block's output, not yet added to x (None
         in the first block). Returns (x, this block's output): each residual add is left to
         the norm after it, so the two run as one op (`add_norm`)."""
+        kernel = self.kernel() if self.use_kernel else None
+        if kernel is not None and x.dtype == torch.float32 and x.device.type == "cpu":
+            layer = self.attn.layer
+            cos, sin = self.attn.rope.cos_sin(batch.positions, x.dtype)
+            x, out = kernel.forward(
+                x,
+                h,
+                cache.k[layer],
+                cache.v[layer],
+                cos,
+                sin,
+                batch.slots,
+                batch.starts,
+                batch.cu_seqlens,
+                batch.positions,
+            )
+            return x, out
         x, normed = (x, self.attn_norm(x)) if h is None else add_norm(x, h, self.attn_norm)
         a = self.attn(normed, batch, cache)
         x, normed = add_norm(

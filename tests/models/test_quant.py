@@ -172,7 +172,9 @@ def test_one_op_attention_and_mlp_match_the_op_by_op_path(
     # (the MLP's exp)
     from specserve.models.layers import basic
     from specserve.models.layers.attention import Attention
+    from specserve.models.llama import Block
 
+    monkeypatch.setattr(Block, "use_kernel", False)  # the modules' paths (tested below)
     hf = make_hf_model(arch, seed=5, hidden_size=128, num_attention_heads=2, **overrides)
     path = write_gguf(hf, arch, tmp_path / "m.gguf")
     model = load_model(path, "float32", with_tokenizer=False, weights="int8").model
@@ -203,3 +205,68 @@ def test_one_op_attention_and_mlp_match_the_op_by_op_path(
         assert torch.equal(got_cache.v[layer], want_cache.v[layer])
     assert not torch.equal(fused_mlp, want)  # the gated kernel really ran
     assert (fused_mlp - want).abs().max().item() < 1e-4 * want.abs().max().item()
+
+
+@needs_lowbit
+@pytest.mark.parametrize(
+    ("arch", "overrides"),
+    [
+        ("qwen2", {}),  # q/k/v bias, SwiGLU
+        # q/k norms, sandwich norms, sliding windows, GeGLU
+        ("gemma3", {"head_dim": 64, "query_pre_attn_scalar": 64}),
+    ],
+)
+def test_the_kernel_block_gives_the_modules_bits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arch: str, overrides: dict
+) -> None:
+    # a whole decoder block as one C++ call (ops/cpu/block.cpp) runs the modules' kernels in
+    # the modules' order: the same hidden states and the same KV cache, bit for bit
+    from specserve.models.llama import Block
+
+    hf = make_hf_model(arch, seed=5, hidden_size=128, num_attention_heads=2, **overrides)
+    path = write_gguf(hf, arch, tmp_path / "m.gguf")
+    model = load_model(path, "float32", with_tokenizer=False, weights="int8").model
+    blocks = [m for m in model.modules() if isinstance(m, Block)]
+    assert blocks and all(b.kernel() is not None for b in blocks)
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(0, VOCAB, (11,), generator=g)
+    step = torch.randint(0, VOCAB, (4,), generator=g)
+
+    def run(kernel: bool) -> tuple[torch.Tensor, KVCache]:
+        monkeypatch.setattr(Block, "use_kernel", kernel)
+        cache = model.new_cache(2, 32)
+        with torch.no_grad():
+            model(prompt, FlatBatch.build([0, 1], [0, 0], [7, 4], "cpu"), cache)
+            out = model(step, FlatBatch.build([1, 0], [4, 7], [3, 1], "cpu"), cache)
+        return out, cache
+
+    calls = []  # the kernel blocks really run: each forward goes through them
+
+    class Spy:
+        def __init__(self, kernel: object) -> None:
+            self.kernel = kernel
+
+        def forward(self, *args: object) -> object:
+            calls.append(1)
+            return self.kernel.forward(*args)  # type: ignore[attr-defined]
+
+    real = Block.kernel
+    monkeypatch.setattr(Block, "kernel", lambda self: Spy(real(self)))
+    got, got_cache = run(True)
+    assert len(calls) == 2 * len(blocks)
+    want, want_cache = run(False)
+    assert torch.equal(got, want)
+    for layer in range(len(blocks)):
+        assert torch.equal(got_cache.k[layer], want_cache.k[layer])
+        assert torch.equal(got_cache.v[layer], want_cache.v[layer])
+
+
+def test_no_kernel_block_off_the_kernels_path(tmp_path: Path) -> None:
+    # dequantized float32 weights (no low-bit layers): the blocks keep their modules
+    from specserve.models.llama import Block
+
+    hf = make_hf_model("qwen2", seed=5, hidden_size=128, num_attention_heads=2)
+    path = write_gguf(hf, "qwen2", tmp_path / "m.gguf")
+    model = load_model(path, "float32", with_tokenizer=False).model
+    blocks = [m for m in model.modules() if isinstance(m, Block)]
+    assert blocks and all(b.kernel() is None for b in blocks)

@@ -1,5 +1,6 @@
-"""Build the CPU kernels (lowbit.cpp, lowbit_vnni.cpp, attention.cpp, pointwise.cpp) on first
-use and cache the library under ~/.cache/specserve/ext.
+"""Build the CPU kernels (lowbit.cpp, lowbit_vnni.cpp, attention.cpp, pointwise.cpp, and
+block.cpp, which chains them into a decoder block) on first use and cache the library under
+~/.cache/specserve/ext.
 
 The kernels need AVX2 + FMA (and F16C, which every AVX2 CPU has) and a C++ compiler (gcc is
 on every machine this project targets). `load()` raises a SpecserveError that says which of
@@ -26,7 +27,14 @@ from specserve.errors import SpecserveError
 HERE = Path(__file__).parent
 SOURCES = [
     HERE / name
-    for name in ("module.cpp", "lowbit.cpp", "lowbit_vnni.cpp", "attention.cpp", "pointwise.cpp")
+    for name in (
+        "module.cpp",
+        "lowbit.cpp",
+        "lowbit_vnni.cpp",
+        "attention.cpp",
+        "pointwise.cpp",
+        "block.cpp",
+    )
 ]
 # -ffp-contract=off: gcc would otherwise fuse a*b+c into an FMA in some tile shapes and
 # not in others, and a row's result would depend on the tile it lands in

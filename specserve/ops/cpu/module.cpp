@@ -1,4 +1,5 @@
 // The Python module of specserve's CPU kernels (built by ops/cpu/build.py).
+#include "block.h"
 #include "kernels.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -16,4 +17,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "(x + y, rms_norm(x + y) * w), float32");
   m.def("gated", &gated, "act(gate) * up from gate_up [..., 2I]; act silu or tanh-gelu");
   m.def("rotary", &rotary, "NeoX rotary embedding of x [T, H, D] with cos/sin [T, D], float32");
+  py::class_<LinearCall>(m, "LinearCall")
+      .def(py::init([](std::vector<torch::Tensor> records, std::vector<int64_t> kinds,
+                       std::vector<int64_t> n_outs, c10::optional<torch::Tensor> bias) {
+             return LinearCall{std::move(records), std::move(kinds), std::move(n_outs),
+                               std::move(bias)};
+           }),
+           "one lowbit_linear call: records, kinds, output counts, bias");
+  py::class_<DenseBlock>(m, "DenseBlock")
+      .def(py::init<torch::Tensor, torch::Tensor, c10::optional<torch::Tensor>,
+                    c10::optional<torch::Tensor>, double, LinearCall, LinearCall, LinearCall,
+                    LinearCall, int64_t, double, int64_t, c10::optional<torch::Tensor>,
+                    c10::optional<torch::Tensor>, double, bool>(),
+           "attn_norm, ffn_norm, post_attn_norm, post_ffn_norm, eps, qkv, o, gate_up, down, "
+           "heads, scale, window, q_norm, k_norm, qk_eps, silu")
+      .def("forward", &DenseBlock::forward,
+           "(x, h, k_cache, v_cache, cos, sin, slots, starts, cu, positions) -> "
+           "[x + h, the block's output]");
 }
