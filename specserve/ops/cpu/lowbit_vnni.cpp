@@ -24,62 +24,87 @@ namespace {
 
 constexpr int ROWS = 8;  // 32 registers: 8 accumulators and 8 dots stay in registers
 
+// A block's dots are a chain of 8 vpdpbusd per row (latency ~4 cycles each). With few rows
+// (decode: one) that chain, not memory, set the pace: q5 took ~33 cycles a block, where
+// reading its 176 bytes at one core's bandwidth takes ~20. Few rows therefore run even and
+// odd steps in two chains; 5 or more rows are enough independent chains as they are.
+template <int R>
+constexpr bool Split = R <= 4;
+
+// the two chains of each row added (exact integers, so the split changes no bits)
+template <int R>
+inline void join(__m256i* d, const __m256i* e) {
+  for (int r = 0; r < R; ++r) d[r] = _mm256_add_epi32(d[r], e[r]);
+}
+
 struct Q8 : lowbit::Q8Layout {
   template <int R>
   static inline void dots(const uint8_t* rec, const XRows& x, const int64_t* idx, __m256i* d) {
     const __m256i ones = _mm256_set1_epi8(1);
-    __m256i wsum = _mm256_setzero_si256();
-    for (int r = 0; r < R; ++r) d[r] = _mm256_setzero_si256();
-    for (int j = 0; j < 8; ++j) {
-      const __m256i w = load(rec + WEIGHTS + 32 * j);
-      wsum = _mm256_dpbusd_epi32(wsum, ones, w);
-      for (int r = 0; r < R; ++r)
-        d[r] = _mm256_dpbusd_epi32(d[r], broadcast4(x.u + idx[r] * BLOCK, j), w);
+    __m256i wsum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, e[R];
+    for (int r = 0; r < R; ++r) d[r] = e[r] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j += 2) {  // even and odd steps in two chains (see Split)
+      const __m256i w0 = load(rec + WEIGHTS + 32 * j), w1 = load(rec + WEIGHTS + 32 * j + 32);
+      wsum[0] = _mm256_dpbusd_epi32(wsum[0], ones, w0);
+      wsum[1] = _mm256_dpbusd_epi32(wsum[1], ones, w1);
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* xr = x.u + idx[r] * BLOCK;
+        d[r] = _mm256_dpbusd_epi32(d[r], broadcast4(xr, j), w0);
+        __m256i& odd = Split<R> ? e[r] : d[r];
+        odd = _mm256_dpbusd_epi32(odd, broadcast4(xr, j + 1), w1);
+      }
     }
-    const __m256i shift = _mm256_slli_epi32(wsum, 7);
+    join<R>(d, e);
+    const __m256i shift = _mm256_slli_epi32(_mm256_add_epi32(wsum[0], wsum[1]), 7);
     for (int r = 0; r < R; ++r) d[r] = _mm256_sub_epi32(d[r], shift);
   }
 };
 
-// steps 2i and 2i+1 (bytes lo, hi) into R rows' dots
+// steps 2i and 2i+1 (bytes lo, hi) into R rows' dots: the odd steps into e when Split<R>
 template <int R>
 inline void add_pair(__m256i lo, __m256i hi, const XRows& x, const int64_t* idx, int i,
-                     __m256i* d) {
+                     __m256i* d, __m256i* e) {
   for (int r = 0; r < R; ++r) {
     const int8_t* xr = x.q + idx[r] * BLOCK;
     d[r] = _mm256_dpbusd_epi32(d[r], lo, broadcast4(xr, 2 * i));
-    d[r] = _mm256_dpbusd_epi32(d[r], hi, broadcast4(xr, 2 * i + 1));
+    __m256i& odd = Split<R> ? e[r] : d[r];
+    odd = _mm256_dpbusd_epi32(odd, hi, broadcast4(xr, 2 * i + 1));
   }
 }
+
 
 struct Q4 : lowbit::Q4Layout {
   template <int R>
   static inline void dots(const uint8_t* rec, const XRows& x, const int64_t* idx, __m256i* d) {
-    for (int r = 0; r < R; ++r) d[r] = _mm256_setzero_si256();
+    __m256i e[R];
+    for (int r = 0; r < R; ++r) d[r] = e[r] = _mm256_setzero_si256();
     for (int i = 0; i < 4; ++i) {
       __m256i lo, hi;
       nibble_pair(rec + WEIGHTS, i, lo, hi);
-      add_pair<R>(lo, hi, x, idx, i, d);
+      add_pair<R>(lo, hi, x, idx, i, d, e);
     }
+    join<R>(d, e);
   }
 };
 
 struct Q5 : lowbit::Q5Layout {
   template <int I, int R>
   static inline void pair(const uint8_t* rec, __m256i plane, const XRows& x, const int64_t* idx,
-                          __m256i* d) {
+                          __m256i* d, __m256i* e) {
     __m256i lo, hi;
     q5_pair<I>(rec, plane, lo, hi);
-    add_pair<R>(lo, hi, x, idx, I, d);
+    add_pair<R>(lo, hi, x, idx, I, d, e);
   }
   template <int R>
   static inline void dots(const uint8_t* rec, const XRows& x, const int64_t* idx, __m256i* d) {
     const __m256i plane = load(rec + PLANE);
-    for (int r = 0; r < R; ++r) d[r] = _mm256_setzero_si256();
-    pair<0, R>(rec, plane, x, idx, d);
-    pair<1, R>(rec, plane, x, idx, d);
-    pair<2, R>(rec, plane, x, idx, d);
-    pair<3, R>(rec, plane, x, idx, d);
+    __m256i e[R];
+    for (int r = 0; r < R; ++r) d[r] = e[r] = _mm256_setzero_si256();
+    pair<0, R>(rec, plane, x, idx, d, e);
+    pair<1, R>(rec, plane, x, idx, d, e);
+    pair<2, R>(rec, plane, x, idx, d, e);
+    pair<3, R>(rec, plane, x, idx, d, e);
+    join<R>(d, e);
     q5_offset<R>(x, idx, d);
   }
 };
