@@ -19,23 +19,13 @@ from pathlib import Path
 
 import torch
 
+from specserve.bench.args import positive
 from specserve.bench.server_process import read_rss_mib, reset_peak_rss
 from specserve.engine.runner import ModelRunner, SlotInput
 from specserve.errors import SpecserveError
 from specserve.server.trim import release_freed_memory
 
 KS = (1, 2, 4, 8, 16)
-
-
-def positive(text: str) -> int:
-    """An argparse type: an integer >= 1 (0 tokens or repeats leaves nothing to time)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def add_args(p: argparse.ArgumentParser) -> None:

@@ -28,10 +28,10 @@ import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from specserve.bench.args import positive
 from specserve.bench.report import Column, format_table, out_paths, write_json
 from specserve.bench.server_process import ServerSpec, launch
 from specserve.bench.workload import RunResult, Workload, run_workload, warm_up
-from specserve.errors import SpecserveError
 from specserve.models.layers.quant import WEIGHT_MODES
 from specserve.server.cli_args import DEFAULT_SPEC
 
@@ -83,11 +83,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--threads", type=int, default=0, help="the server's OMP_NUM_THREADS (0 = default)"
     )
-    p.add_argument("--clients", type=int, default=None, help="concurrent clients (4; --load 8)")
-    p.add_argument("--max-tokens", type=int, default=128, help="tokens per request (128)")
+    p.add_argument(
+        "--clients", type=positive, default=None, help="concurrent clients (4; --load 8)"
+    )
+    p.add_argument("--max-tokens", type=positive, default=128, help="tokens per request (128)")
     p.add_argument(
         "--requests-per-client",
-        type=int,
+        type=positive,
         default=None,
         help="requests each client sends (4; with --load a cap besides --duration: 10000)",
     )
@@ -104,7 +106,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-type", default=DEFAULT_SPEC, help=f"the chain for 'on' ({DEFAULT_SPEC})")
     p.add_argument(
         "--repeats",
-        type=int,
+        type=positive,
         default=3,
         help="runs per configuration, in interleaved rounds; the table shows medians (3)",
     )
@@ -171,8 +173,6 @@ def run_order(specs: list[str], slots: list[int], repeats: int) -> list[tuple[st
 
 def run_matrix(args: argparse.Namespace, work: Workload, log_dir: Path) -> list[Row]:
     """One fresh server per run; prints a line as each is measured. -> one Row per run."""
-    if args.repeats < 1:
-        raise SpecserveError(f"--repeats must be >= 1, got {args.repeats}")
     log_dir.mkdir(parents=True, exist_ok=True)
     runs: list[Row] = []
     for i, (spec, slots) in enumerate(run_order(args.spec, args.slots or [1, 2, 4], args.repeats)):

@@ -68,3 +68,14 @@ def test_peak_rss_resets_between_rows() -> None:
     del big
     assert reset_peak_rss()
     assert read_rss_mib("self", "VmHWM") < base + 100
+
+
+@pytest.mark.parametrize(
+    "flag", ["--repeats", "--clients", "--max-tokens", "--requests-per-client"]
+)
+def test_serve_counts_below_one_are_refused(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # the same argparse type as bench decode's: a message, exit code 2, no server started
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["bench", "serve", flag, "0"])
+    assert e.value.code == 2
+    assert f"{flag}: must be at least 1, got 0" in capsys.readouterr().err

@@ -1,0 +1,17 @@
+"""argparse types the benchmark commands share."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def positive(text: str) -> int:
+    """An argparse type: an integer >= 1 (0 tokens, clients or repeats leaves nothing to
+    time)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
