@@ -7,7 +7,8 @@ quantized as soon as its weight (and bias) arrive and the float copy is dropped.
 (136M weights in Qwen2.5's 0.5B and 1.5B) is quantized CHUNK_ROWS rows at a time for our
 low-bit kernels; from a GGUF it arrives as its raw blocks (a QuantizedTable) and is
 dequantized chunk by chunk too, so its float32 copy never exists whole. A tied head is
-quantized from the embedding's table the same way.
+quantized from the embedding's table the same way. GGUF Q4_K linears also arrive as blocks
+and become q4 records without a float32 round trip (loading/q4k.py).
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ import torch
 from torch import nn
 
 from specserve.errors import SpecserveError
+from specserve.loading.q4k import q4k_groups
 from specserve.models.layers.embedding import QuantizedTable
-from specserve.models.layers.lowbit import TILE, LowbitLinear
+from specserve.models.layers.lowbit import TILE, LowbitLinear, Q4Linear
 from specserve.models.layers.quant import quantize_weight
 
+# GGUF types whose blocks become low-bit records as they are, without a float32 round trip
+NATIVE_TYPES = ("Q4_K",)
 # rows quantized at once for the low-bit kernels: a whole number of their tiles of 8 outputs
 CHUNK_ROWS = 8192
 
@@ -39,16 +43,13 @@ def quantize_rows(
     n, k = weight.shape
     chunk = chunk or CHUNK_ROWS
     if not lowbit or n <= chunk:
-        whole = weight.dequantize() if isinstance(weight, QuantizedTable) else weight
-        return quantize_weight(whole, bias, mode, lowbit)
+        return _layer(weight, 0, n, bias, mode, lowbit)
     if chunk % TILE:
         raise ValueError(f"chunks of {chunk} rows do not fill whole tiles of {TILE}")
     records: torch.Tensor | None = None
     kind: type[LowbitLinear] = LowbitLinear
     for start in range(0, n, chunk):
-        part = cast(
-            LowbitLinear, quantize_weight(_rows(weight, start, start + chunk), None, mode, lowbit)
-        )
+        part = cast(LowbitLinear, _layer(weight, start, start + chunk, None, mode, lowbit))
         if records is None:
             kind = type(part)
             records = part.records.new_empty((-(-n // TILE), *part.records.shape[1:]))
@@ -58,6 +59,19 @@ def quantize_rows(
     layer = kind.__new__(kind)
     LowbitLinear.__init__(layer, records, n, k, bias)
     return layer
+
+
+def _layer(
+    weight: Weight, start: int, stop: int, bias: torch.Tensor | None, mode: str, lowbit: bool
+) -> nn.Module:
+    """The quantized module of rows start..stop-1. Q4_K blocks become our q4 records as they
+    are (loading/q4k.py: the same 4-bit values, the scales rounded to float16); every other
+    weight is quantized from its float32 values."""
+    native = lowbit and mode == "int4"
+    if native and isinstance(weight, QuantizedTable) and weight.gguf_type in NATIVE_TYPES:
+        q, scale, low = q4k_groups(weight.data[start:stop], weight.cols)
+        return Q4Linear.from_groups(q, scale, low, bias)
+    return quantize_weight(_rows(weight, start, stop), bias, mode, lowbit)
 
 
 def _rows(weight: Weight, start: int, stop: int) -> torch.Tensor:

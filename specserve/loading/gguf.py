@@ -2,7 +2,9 @@
 
 The embedding table and the LM head, when block-quantized, are streamed as `QuantizedTable`s
 (their raw blocks) instead: the loader keeps the embedding that way and quantizes the head
-a range of rows at a time (loading/model.py, loading/convert.py)."""
+a range of rows at a time (loading/model.py, loading/convert.py). Q4_K tensors come as
+blocks too, so the low-bit kernels take their own 4-bit values (loading/q4k.py); every
+other consumer dequantizes them as before."""
 
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ from specserve.models.layers.embedding import QuantizedTable, is_quantized
 TENSOR_TYPES_KEY = "specserve.tensor_types"
 # the tables streamed as their raw blocks when block-quantized (the two largest tensors)
 RAW_TABLES = ("embed.weight", "lm_head.weight")
+# GGML types streamed as raw blocks wherever they are: a kernel takes them as they are
+RAW_TYPES = ("Q4_K",)
 
 Tensors = Iterator[tuple[str, torch.Tensor | QuantizedTable]]
 
@@ -153,9 +157,12 @@ def page_dropper(reader: Any) -> Callable[[Any], None]:
     return drop
 
 
-def raw_table(ours: str, tensor: Any) -> QuantizedTable | None:
-    """The tensor's blocks when it is one of RAW_TABLES and block-quantized, else None."""
-    if ours not in RAW_TABLES or not is_quantized(tensor.tensor_type.name):
+def raw_table(ours: str, tensor: Any, types: tuple[str, ...] = ()) -> QuantizedTable | None:
+    """The tensor's blocks when it is one of RAW_TABLES and block-quantized, or of one of
+    `types` (the dense loader's RAW_TYPES; the hybrid loader reshapes its other tensors as
+    floats, so it passes none); else None."""
+    kind = tensor.tensor_type.name
+    if not (ours in RAW_TABLES and is_quantized(kind)) and kind not in types:
         return None
     return QuantizedTable.from_gguf(tensor)
 
@@ -186,9 +193,9 @@ def read_gguf(path: Path) -> tuple[ModelConfig, Tensors, dict]:
             ours = gguf_to_ours(name)
             if ours is None:
                 continue
-            if (table := raw_table(ours, t)) is not None:
+            if (table := raw_table(ours, t, RAW_TYPES)) is not None:
                 drop(t)
-                yield ours, table
+                yield ours, _unpermuted(cfg, ours, table)
                 continue
             try:
                 array = dequantize(t.data, t.tensor_type)
@@ -198,9 +205,17 @@ def read_gguf(path: Path) -> tuple[ModelConfig, Tensors, dict]:
             # float tensors come back as read-only views of the file's memory map
             w = torch.from_numpy(array if array.flags.writeable else array.copy())
             drop(t)
-            if cfg.arch == "llama" and (".attn.q." in ours or ".attn.k." in ours):
-                heads = cfg.num_heads if ".q." in ours else cfg.num_kv_heads
-                w = unpermute_rope(w, heads)
-            yield ours, w
+            yield ours, _unpermuted(cfg, ours, w)
 
     return cfg, tensors(), meta
+
+
+def _unpermuted(cfg: ModelConfig, ours: str, w: Any) -> Any:
+    """llama's q/k rows back in rotate-halves order; a QuantizedTable's rows move as wholes
+    (a row's blocks are its own), so its blocks are reordered the same way."""
+    if cfg.arch != "llama" or not (".attn.q." in ours or ".attn.k." in ours):
+        return w
+    heads = cfg.num_heads if ".q." in ours else cfg.num_kv_heads
+    if isinstance(w, QuantizedTable):
+        return QuantizedTable(unpermute_rope(w.data, heads).contiguous(), w.gguf_type, w.cols)
+    return unpermute_rope(w, heads)

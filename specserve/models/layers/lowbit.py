@@ -284,8 +284,23 @@ class Q4Linear(LowbitLinear):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.check_in_features(weight)
         q, scale, low = int4_groups(weight)
-        records = torch.cat([*scale_fields(scale, low), nibble_steps(q)], dim=-1)
-        super().__init__(records, weight.shape[0], weight.shape[1], bias)
+        super().__init__(self.records_of(q, scale, low), weight.shape[0], weight.shape[1], bias)
+
+    @staticmethod
+    def records_of(q: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+        """q [N, K] in 0..15, scale and low [N, K/32] holding float16 values -> records."""
+        return torch.cat([*scale_fields(scale, low), nibble_steps(q)], dim=-1)
+
+    @classmethod
+    def from_groups(
+        cls, q: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, bias: torch.Tensor | None
+    ) -> Q4Linear:
+        """A layer of w = q * scale + low as given (GGUF Q4_K's own values: loading/q4k.py),
+        scale and low rounded to the nearest float16, with no requantization of q."""
+        layer = cls.__new__(cls)
+        records = cls.records_of(q, half_values(scale), half_values(low))
+        LowbitLinear.__init__(layer, records, q.shape[0], q.shape[1], bias)
+        return layer
 
     def blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(packed [N, K/2] uint8, scale, low [N, K/32]) back from the records."""
