@@ -5,12 +5,12 @@
 A weights entry is WEIGHTS or DTYPE+WEIGHTS; float32 (the default) runs specserve's own
 low-bit kernels (int8 activations too, as llama.cpp does), bfloat16 torch's kernels.
 
-For 3 fixed chat prompts the float32 model's greedy continuation (128 tokens) is the
-reference. Each weights mode then reads prompt + reference in one forward (teacher
-forcing) and we count the positions where its argmax equals the reference token
-("agreement"); "same prefix" is how many tokens free-running greedy decoding reproduces
-before the first difference (one early flip changes everything after it, so it is the
-harsher number).
+For 3 fixed chat prompts (plain text for a base model) the float32 model's greedy
+continuation (128 tokens) is the reference. Each weights mode then reads prompt + reference
+in one forward (teacher forcing) and we count the positions where its argmax equals the
+reference token ("agreement"); "same prefix" is how many tokens free-running greedy
+decoding reproduces before the first difference (one early flip changes everything after
+it, so it is the harsher number).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from specserve.engine.request import Request, SpecParams
 from specserve.engine.runner import ModelRunner, SlotInput
 from specserve.engine.sampling import SamplingParams
 from specserve.loading.model import LoadedModel, load_model
+from specserve.loading.tokenizer import Tokenizer
 
 PROMPTS = (
     "Write a quicksort function in C.",
@@ -60,6 +61,14 @@ def same_prefix(a: list[int], b: list[int]) -> int:
     )
 
 
+def prompt_ids(tok: Tokenizer, text: str) -> list[int]:
+    """A prompt through the chat template, or as plain text for a base model (Gemma 3
+    270M has no template: it continues the text instead)."""
+    if tok.has_chat_template:
+        return tok.chat([{"role": "user", "content": text}])
+    return tok.encode(text)
+
+
 def main(args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -71,7 +80,7 @@ def main(args: argparse.Namespace) -> None:
         ref_model = load_model(name, "float32")
         tok = ref_model.tokenizer
         assert tok is not None
-        prompts = [tok.chat([{"role": "user", "content": p}]) for p in PROMPTS]
+        prompts = [prompt_ids(tok, p) for p in PROMPTS]
         refs = [greedy(ref_model, p, args.tokens) for p in prompts]
         del ref_model
         for weights in args.weights:
