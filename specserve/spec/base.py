@@ -27,6 +27,11 @@ SLOT_PRIOR = 4
 # costs are estimates, and a verify step costs a little outside the forward too (the
 # k + 1 rows' sampling, the commit); at break-even a draft would only add noise
 MIN_GAIN = 1.05
+# a costly drafter with fewer verified drafts than this is asked (one token, at most this
+# many times) even when the prior's 1-in-2 rates say it cannot pay: with them alone a 0.5B
+# draft model for the 1.5B target (a third of a step per token) was never asked, so its
+# real rates were never learnt
+EXPLORE = 4
 
 
 @dataclass
@@ -169,6 +174,7 @@ class Speculator:
         self._slot_counts: dict[int, tuple[list[int], list[int]]] = {}
         # the draft length proposed last for each slot, so accept() can be checked and counted
         self._last_len: dict[int, int] = {}
+        self._explored = 0  # asks made against the estimate, to learn the rates (EXPLORE)
 
     # drafting cost per token, in target forwards (a draft model's forward vs the target's)
     relative_cost: float = 0.0
@@ -209,7 +215,13 @@ class Speculator:
             return req
         values = self.values(req, req.n_max, self.relative_cost)
         best = max(range(1, len(values)), key=lambda k: (values[k], -k), default=0)
-        return replace(req, n_max=best) if best and values[best] >= MIN_GAIN else None
+        if best and values[best] >= MIN_GAIN:
+            return replace(req, n_max=best)
+        untried = _at(self.stats.reached_per_pos, 0) < EXPLORE
+        if best and untried and self._explored < EXPLORE:  # the count: asks can come to nothing
+            self._explored += 1
+            return replace(req, n_max=1)
+        return None
 
     def _slot_tallies(self, slot: int) -> tuple[list[int], list[int]]:
         return self._slot_counts.setdefault(slot, ([], []))

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from specserve.spec.base import Draft, DraftRequest, Speculator
+from specserve.spec.base import EXPLORE, Draft, DraftRequest, Speculator
 from specserve.spec.chain import ChainSpeculator
 from specserve.spec.cost import PRIOR_PER_ROW, ForwardCost
 
@@ -101,6 +101,24 @@ def test_costly_drafter_not_asked_where_no_draft_can_pay() -> None:
     (d,) = spec.draft([DraftRequest(0, [0], 2, cost=[1.0, 1.2, 1.4])])
     assert d.tokens == [] and spec.asked == asked
     spec.accept(0, 0)
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_an_untried_costly_drafter_is_asked_to_learn_its_rates(kept: bool) -> None:
+    # the prior's 1 in 2 says a drafter costing 0.5 steps a token cannot pay (the 0.5B
+    # draft model for the 1.5B target was never asked); a few one-token asks learn the truth
+    spec = Fixed([1, 2], cost=0.5)
+    cost = [1.0, 1.2, 1.4]
+    got = []
+    for _ in range(EXPLORE + 4):
+        (d,) = spec.draft([DraftRequest(0, [0], 2, cost=cost)])
+        got.append(len(d))
+        spec.accept(0, len(d) if kept else 0)
+    if kept:  # kept from the first: worth whole drafts as soon as that is learnt
+        assert got[0] == 1 and got[1:] == [2] * (EXPLORE + 3)
+    else:  # every draft missed: asked EXPLORE times (later asks' drafts are cut once the
+        # misses show), then no more
+        assert got[0] == 1 and got[EXPLORE:] == [0] * 4 and spec.asked == EXPLORE
 
 
 def test_chain_verifies_the_draft_worth_most_and_credits_its_drafter() -> None:
