@@ -16,6 +16,7 @@ import hashlib
 import os
 import shutil
 import sys
+import time
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -84,6 +85,7 @@ def _compile() -> ModuleType:
 
     out = cache_dir()
     out.mkdir(parents=True, exist_ok=True)
+    clear_stale_lock(out)
     if not any(out.glob("*.so")):  # say why the first load pauses
         print("specserve: compiling the CPU kernels (first use, ~2 min)", file=sys.stderr)
     try:
@@ -97,6 +99,27 @@ def _compile() -> ModuleType:
         )
     except (RuntimeError, OSError) as e:
         raise SpecserveError(f"building specserve's CPU kernels failed: {e}") from e
+
+
+# a build takes ~2 min (longer on a loaded machine); a lock older than this was left by a
+# build that was killed, and torch's loader would wait on it forever
+STALE_LOCK_S = 30 * 60
+
+
+def clear_stale_lock(out: Path, max_age_s: float = STALE_LOCK_S) -> bool:
+    """Remove torch's build lock in `out` if a killed build left it; True if removed."""
+    lock = out / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age < max_age_s:
+        return False
+    print(
+        f"specserve: removing a stale build lock ({age / 60:.0f} min old): {lock}", file=sys.stderr
+    )
+    lock.unlink(missing_ok=True)
+    return True
 
 
 def problem() -> str | None:
