@@ -56,9 +56,7 @@ def quantize_rows(
         records[start // TILE : start // TILE + part.records.shape[0]] = part.records
     assert records is not None
     # one layer of the parts' kind over the stacked records (no re-quantization)
-    layer = kind.__new__(kind)
-    LowbitLinear.__init__(layer, records, n, k, bias)
-    return layer
+    return kind.from_records(records, n, k, bias)
 
 
 def _layer(

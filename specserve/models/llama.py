@@ -57,20 +57,7 @@ class Block(nn.Module):
         the norm after it, so the two run as one op (`add_norm`)."""
         kernel = self.kernel() if self.use_kernel else None
         if kernel is not None and x.dtype == torch.float32 and x.device.type == "cpu":
-            layer = self.attn.layer
-            cos, sin = self.attn.rope.cos_sin(batch.positions, x.dtype)
-            x, out = kernel.forward(
-                x,
-                h,
-                cache.k[layer],
-                cache.v[layer],
-                cos,
-                sin,
-                batch.slots,
-                batch.starts,
-                batch.cu_seqlens,
-                batch.positions,
-            )
+            x, out = kernel.forward(x, h, *self.attn.cache_args(batch, cache, x.dtype))
             return x, out
         x, normed = (x, self.attn_norm(x)) if h is None else add_norm(x, h, self.attn_norm)
         a = self.attn(normed, batch, cache)

@@ -45,17 +45,9 @@ class Attention(nn.Module):
         qkv = joint_output((self.q, self.k, self.v), x) if self._one_op else None
         norms = self._norm_weights()
         if qkv is not None and norms is not None and (kernels := kernels_for(qkv)) is not None:
-            cos, sin = self.rope.cos_sin(batch.positions, x.dtype)
             o = kernels.attend_qkv(
                 qkv,
-                cache.k[self.layer],
-                cache.v[self.layer],
-                cos,
-                sin,
-                batch.slots,
-                batch.starts,
-                batch.cu_seqlens,
-                batch.positions,
+                *self.cache_args(batch, cache, x.dtype),
                 self.num_heads,
                 self.scale,
                 self.window or 0,
@@ -73,6 +65,13 @@ class Attention(nn.Module):
         kc, vc = cache.k[self.layer], cache.v[self.layer]
         o = cached_attention(q, kc, vc, batch, self.scale, self.window, self.per_row)
         return self.o(o.reshape(T, -1))
+
+    def cache_args(self, batch: FlatBatch, cache: KVCache, dtype: torch.dtype) -> tuple:
+        """What attend_qkv (and the kernels' DenseBlock) take after the layer's input: this
+        layer's K/V cache, the rotary tables, and where the batch's rows go."""
+        cos, sin = self.rope.cos_sin(batch.positions, dtype)
+        k, v = cache.k[self.layer], cache.v[self.layer]
+        return k, v, cos, sin, batch.slots, batch.starts, batch.cu_seqlens, batch.positions
 
     def _norm_weights(self) -> tuple[torch.Tensor | None, torch.Tensor | None, float] | None:
         """attend_qkv's q/k norm arguments (None, None when the model has none); None when

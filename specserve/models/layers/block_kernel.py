@@ -2,7 +2,7 @@
 our float32 CPU kernels: fused low-bit q/k/v and gate/up, low-bit o and down, float32
 norms, the one-op attention. The module path makes ~15 Python calls around the same 8
 kernels; the kernel block makes one, with the same kernels in the same order (the same bits:
-tests/models/test_block_kernel.py).
+tests/models/test_quant.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from specserve.models.layers.basic import RMSNorm
-from specserve.models.layers.lowbit import FusedLowbit, FusedPart, LowbitCall
+from specserve.models.layers.lowbit import LowbitCall, fused_of
 from specserve.ops.cpu.build import problem
 
 if TYPE_CHECKING:
@@ -27,18 +27,6 @@ def _norm_weight(norm: RMSNorm | None) -> torch.Tensor | None:
     w = norm.weight
     ok = w.dtype == torch.float32 and w.device.type == "cpu" and w.shape[-1] % 8 == 0
     return w.detach() if ok else None
-
-
-def _fused(parts: tuple[nn.Module, ...]) -> FusedLowbit | None:
-    """The FusedLowbit whose parts are exactly `parts`, in order (as joint_output asks)."""
-    first = parts[0]
-    if not isinstance(first, FusedPart):
-        return None
-    fused = first.fused[0]
-    ok = len(fused.bounds) - 1 == len(parts) and all(
-        isinstance(p, FusedPart) and p.fused[0] is fused and p.i == i for i, p in enumerate(parts)
-    )
-    return fused if ok else None
 
 
 def _call(kernels: Any, layer: nn.Module | None) -> Any | None:
@@ -68,9 +56,9 @@ def dense_block_kernel(block: Block) -> Any | None:  # noqa: ANN401
     qk_norms = [attn.q_norm, attn.k_norm]
     weights = [_norm_weight(n) for n in norms + qk_norms]
     calls = [
-        _call(kernels, _fused((attn.q, attn.k, attn.v))),
+        _call(kernels, fused_of((attn.q, attn.k, attn.v))),
         _call(kernels, attn.o),
-        _call(kernels, _fused((mlp.gate, mlp.up))),
+        _call(kernels, fused_of((mlp.gate, mlp.up))),
         _call(kernels, mlp.down),
     ]
     ok = attn._one_op and _norms_ok(list(zip(norms + qk_norms, weights, strict=True)))

@@ -241,6 +241,15 @@ class LowbitLinear(LowbitCall):
     def parts(self) -> tuple[list[torch.Tensor], list[int], list[int]]:
         return [self.records], [self.KIND], [self.out_features]
 
+    @classmethod
+    def from_records(
+        cls, records: torch.Tensor, out_features: int, in_features: int, bias: torch.Tensor | None
+    ) -> LowbitLinear:
+        """A layer of this kind over records made elsewhere (no quantization)."""
+        layer = cls.__new__(cls)
+        LowbitLinear.__init__(layer, records, out_features, in_features, bias)
+        return layer
+
     @staticmethod
     def check_in_features(weight: torch.Tensor) -> None:
         """A clear error when in_features is not a whole number of blocks of 32."""
@@ -297,10 +306,8 @@ class Q4Linear(LowbitLinear):
     ) -> Q4Linear:
         """A layer of w = q * scale + low as given (GGUF Q4_K's own values: loading/q4k.py),
         scale and low rounded to the nearest float16, with no requantization of q."""
-        layer = cls.__new__(cls)
         records = cls.records_of(q, half_values(scale), half_values(low))
-        LowbitLinear.__init__(layer, records, q.shape[0], q.shape[1], bias)
-        return layer
+        return cast(Q4Linear, cls.from_records(records, q.shape[0], q.shape[1], bias))
 
     def blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(packed [N, K/2] uint8, scale, low [N, K/32]) back from the records."""
@@ -383,9 +390,8 @@ class FusedPart(nn.Module):
         return self.fused[0].part(self.i, x)
 
 
-def joint_output(parts: tuple[nn.Module, ...], x: torch.Tensor) -> torch.Tensor | None:
-    """The outputs of `parts` side by side from one kernel call, when they are in order all
-    the parts of one FusedLowbit (gate, up -> [..., gate | up]); None otherwise."""
+def fused_of(parts: tuple[nn.Module, ...]) -> FusedLowbit | None:
+    """The FusedLowbit whose parts are, in order, exactly `parts`; None otherwise."""
     first = parts[0]
     if not isinstance(first, FusedPart):
         return None
@@ -395,7 +401,14 @@ def joint_output(parts: tuple[nn.Module, ...], x: torch.Tensor) -> torch.Tensor 
         for i, p in enumerate(parts)
     ):
         return None
-    return cast(torch.Tensor, fused(x))
+    return fused
+
+
+def joint_output(parts: tuple[nn.Module, ...], x: torch.Tensor) -> torch.Tensor | None:
+    """The outputs of `parts` side by side from one kernel call, when they are in order all
+    the parts of one FusedLowbit (gate, up -> [..., gate | up]); None otherwise."""
+    fused = fused_of(parts)
+    return None if fused is None else cast(torch.Tensor, fused(x))
 
 
 # children that read the same input, in the order the models call them
