@@ -21,8 +21,8 @@ from itertools import accumulate
 
 import torch
 
-# a slot's own acceptance starts from the drafter's overall rates, weighted as this many drafts
-SLOT_PRIOR = 4
+from specserve.spec.rates import AcceptanceModel, at, count_kept, count_positions, grow
+
 # a draft is verified only if it promises this much more than no draft: the rates and
 # costs are estimates, and a verify step costs a little outside the forward too (the
 # k + 1 rows' sampling, the commit); at break-even a draft would only add noise
@@ -65,10 +65,13 @@ class Draft:
 
     tokens: [k] proposed token ids (k may be 0).
     probs: [k, V] draft probabilities q(x | prefix) for each proposed position, or None.
+    tier: the drafter's confidence class for this draft (suffix: how long a suffix of the
+        context it matched); acceptance is learnt per tier (spec/rates.py).
     """
 
     tokens: list[int] = field(default_factory=list)
     probs: torch.Tensor | None = None
+    tier: int = 0
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -109,14 +112,14 @@ class SpecStats:
     def record_draft(self, n_tokens: int) -> None:
         self.drafts_generated += 1
         self.tokens_generated += n_tokens
-        _count(self.proposed_per_pos, n_tokens)
+        count_positions(self.proposed_per_pos, n_tokens)
 
     def record_accept(self, n_accepted: int, n_proposed: int) -> None:
         self.drafts_full += int(n_accepted == n_proposed)
         self.tokens_accepted += n_accepted
         self.drafts_accepted += int(n_accepted > 0)
-        _count_kept(self.accepted_per_pos, self.reached_per_pos, n_accepted, n_proposed)
-        _grow(self.accept_len_hist, n_accepted + 1)
+        count_kept(self.accepted_per_pos, self.reached_per_pos, n_accepted, n_proposed)
+        grow(self.accept_len_hist, n_accepted + 1)
         self.accept_len_hist[n_accepted] += 1
 
     @property
@@ -140,29 +143,6 @@ class SpecStats:
         }
 
 
-def _grow(counts: list[int], n: int) -> None:
-    if len(counts) < n:
-        counts.extend([0] * (n - len(counts)))
-
-
-def _count(counts: list[int], n: int) -> None:
-    """One more occurrence of positions 0..n-1."""
-    _grow(counts, n)
-    for i in range(n):
-        counts[i] += 1
-
-
-def _count_kept(accepted: list[int], reached: list[int], n_accepted: int, n_proposed: int) -> None:
-    """Count one verified draft into per-position accepted / reached tallies: positions
-    0..n_accepted-1 were kept, and the target reached one past them unless all were kept."""
-    _count(accepted, n_accepted)
-    _count(reached, min(n_accepted + 1, n_proposed))
-
-
-def _at(counts: list[int], i: int) -> int:
-    return counts[i] if i < len(counts) else 0
-
-
 class Speculator:
     """Base class: subclasses override `_draft` and, where they keep per-slot state, the hooks."""
 
@@ -170,18 +150,18 @@ class Speculator:
 
     def __init__(self) -> None:
         self.stats = SpecStats()
-        # per slot: (accepted_per_pos, reached_per_pos) of the current sequence's drafts
-        self._slot_counts: dict[int, tuple[list[int], list[int]]] = {}
-        # the draft length proposed last for each slot, so accept() can be checked and counted
-        self._last_len: dict[int, int] = {}
+        self.rates = AcceptanceModel()  # what decides which drafts are worth verifying
+        # the draft proposed last for each slot (length, tier), so accept() can be checked
+        # and counted
+        self._last: dict[int, tuple[int, int]] = {}
         self._explored = 0  # asks made against the estimate, to learn the rates (EXPLORE)
 
     # drafting cost per token, in target forwards (a draft model's forward vs the target's)
     relative_cost: float = 0.0
 
     def begin(self, slot: int, prompt: Sequence[int]) -> None:
-        self._last_len.pop(slot, None)
-        self._slot_counts.pop(slot, None)
+        self._last.pop(slot, None)
+        self.rates.forget(slot)
         self._begin(slot, prompt)
 
     def serves(self, types: tuple[str, ...] | None) -> bool:
@@ -190,17 +170,23 @@ class Speculator:
 
     def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         t0 = time.perf_counter()
+        for req in requests:  # the token after each slot's last draft is known now
+            self.rates.settle(req.slot, req.tokens)
         asked = [r for r in map(self._ask, requests) if r is not None]
         made = dict(zip((r.slot for r in asked), self._draft(asked) if asked else [], strict=True))
         self.stats.draft_seconds += time.perf_counter() - t0
         out = []
         for req in requests:
-            d = self._worth(req, _clip(made.get(req.slot, Draft()), req.n_max))
+            full = _clip(made.get(req.slot, Draft()), req.n_max)
+            d = self._worth(req, full)
             if len(d) < max(req.n_min, 1):
                 d = Draft()
-            if not d and req.slot in made and self.relative_cost > 0:
+            if not d and req.slot in made and self.relative_cost > 0 and not full:
                 self._missed_at_first(req.slot)
-            self._last_len[req.slot] = len(d)
+            # held until verified (accept) or, if not, until the target's next token shows
+            # whether its first token was right (rates.py)
+            self.rates.hold(req.slot, len(req.tokens), full.tokens, full.tier)
+            self._last[req.slot] = (len(d), d.tier)
             self.stats.empty_drafts += int(not d)
             out.append(d)
         return out
@@ -217,52 +203,35 @@ class Speculator:
         best = max(range(1, len(values)), key=lambda k: (values[k], -k), default=0)
         if best and values[best] >= MIN_GAIN:
             return replace(req, n_max=best)
-        untried = _at(self.stats.reached_per_pos, 0) < EXPLORE
+        untried = at(self.rates.overall.reached, 0) < EXPLORE
         if best and untried and self._explored < EXPLORE:  # the count: asks can come to nothing
             self._explored += 1
             return replace(req, n_max=1)
         return None
 
-    def _slot_tallies(self, slot: int) -> tuple[list[int], list[int]]:
-        return self._slot_counts.setdefault(slot, ([], []))
-
     def _missed_at_first(self, slot: int) -> None:
         """A costly drafter was asked and gave nothing (e.g. its confidence fell below
         p_min at once): its forwards were spent for no token, which for what asking it is
         worth is a draft whose first token the target rejected."""
-        _count_kept(self.stats.accepted_per_pos, self.stats.reached_per_pos, 0, 1)
-        _count_kept(*self._slot_tallies(slot), 0, 1)
+        self.rates.learn(slot, 0, 0, 1)
 
     # what a draft is worth -----------------------------------------------------------------
-    def acceptance_rates(self, slot: int, n: int) -> list[float]:
-        """r_0..r_{n-1}: the chance that draft positions 0..i are all kept, for `slot`.
+    def acceptance_rates(self, slot: int, n: int, tier: int = 0) -> list[float]:
+        """r_0..r_{n-1}: the chance that positions 0..i of a draft of this tier on `slot`
+        are all kept (spec/rates.py)."""
+        return self.rates.rates(slot, tier, n)
 
-        r_i = q_0 * ... * q_i, q_i being the chance that position i is kept once the
-        target reached it (all before it kept). The drafter's overall q_i start from a
-        prior of 1 kept in 2 at position 0, and at a deeper position from q_{i-1} (worth 2
-        drafts), so what was learnt near the front carries to positions not yet tried;
-        the slot's own q_i count the overall ones as SLOT_PRIOR more drafts. Per slot
-        because one request's text (a code edit) can be far more predictable than
-        another's (prose)."""
-        acc, reached = self.stats.accepted_per_pos, self.stats.reached_per_pos
-        s_acc, s_reached = self._slot_counts.get(slot, ([], []))
-        rates, q_prev, r = [], 0.5, 1.0
-        for i in range(n):
-            q_all = (_at(acc, i) + 2 * q_prev) / (_at(reached, i) + 2)
-            q = (_at(s_acc, i) + SLOT_PRIOR * q_all) / (_at(s_reached, i) + SLOT_PRIOR)
-            r *= q
-            rates.append(r)
-            q_prev = q_all
-        return rates
-
-    def values(self, req: DraftRequest, n: int, draft_cost: float = 0.0) -> list[float]:
+    def values(
+        self, req: DraftRequest, n: int, draft_cost: float = 0.0, tier: int = 0
+    ) -> list[float]:
         """value(k) for k = 0..n: the tokens a k-token draft is expected to yield per
         step-equivalent of cost, (1 + sum_{i<k} r_i) / (cost(k) + draft_cost * k); 1 for none."""
-        gains = list(accumulate(self.acceptance_rates(req.slot, n), initial=1.0))
+        gains = list(accumulate(self.acceptance_rates(req.slot, n, tier), initial=1.0))
         return [g / (req.verify_cost(k) + draft_cost * k) for k, g in enumerate(gains)]
 
-    def value(self, req: DraftRequest, k: int) -> float:
-        return self.values(req, k)[k]
+    def value(self, req: DraftRequest, d: Draft) -> float:
+        """What verifying the whole of draft `d` is worth."""
+        return self.values(req, len(d), tier=d.tier)[len(d)]
 
     def best_value(self, req: DraftRequest) -> float:
         """The most a draft of up to n_max tokens, counting its drafting cost, is worth."""
@@ -274,28 +243,30 @@ class Speculator:
         draft is often worth less than none."""
         if not d or req.cost is None:
             return d
-        values = self.values(req, len(d))
+        values = self.values(req, len(d), tier=d.tier)
         best = max(range(1, len(values)), key=lambda k: (values[k], -k))
         return _clip(d, best) if values[best] >= MIN_GAIN else Draft()
 
     def accept(self, slot: int, n_accepted: int) -> None:
         """The target kept n_accepted tokens of the slot's last draft."""
-        proposed = self._last_len.pop(slot, 0)
+        proposed, tier = self._last.pop(slot, (0, 0))
         if not 0 <= n_accepted <= proposed:
             raise ValueError(f"slot {slot}: accepted {n_accepted} of a {proposed}-token draft")
-        if proposed:  # as llama.cpp: only a verified, non-empty draft teaches anything
+        if proposed:  # as llama.cpp: the statistics count verified, non-empty drafts
             self.stats.record_draft(proposed)
             self.stats.record_accept(n_accepted, proposed)
-            _count_kept(*self._slot_tallies(slot), n_accepted, proposed)
+            self.rates.learn(slot, tier, n_accepted, proposed)
+            self.rates.drop(slot)  # learnt in full, not from its first token
             self._accept(slot, n_accepted, proposed)
 
     def discard(self, slot: int) -> None:
-        """The slot's last draft was not verified (a chain chose another drafter's)."""
-        self._last_len.pop(slot, None)
+        """The slot's last draft was not verified (a chain chose another drafter's); the
+        rates still learn from its first token (rates.py)."""
+        self._last.pop(slot, None)
 
     def reset(self, slot: int) -> None:
-        self._last_len.pop(slot, None)
-        self._slot_counts.pop(slot, None)
+        self._last.pop(slot, None)
+        self.rates.forget(slot)
         self._reset(slot)
 
     # hooks -------------------------------------------------------------------------------
@@ -316,4 +287,4 @@ def _clip(d: Draft, n_max: int) -> Draft:
     if len(d) <= n_max:
         return d
     probs = d.probs[:n_max] if d.probs is not None else None
-    return Draft(list(d.tokens[:n_max]), probs)
+    return Draft(list(d.tokens[:n_max]), probs, d.tier)

@@ -38,10 +38,12 @@ class ChainSpeculator(Speculator):
     def _ask(self, req: DraftRequest) -> DraftRequest | None:
         return req if self.serves(req.types) else None  # each child decides for itself
 
-    def acceptance_rates(self, slot: int, n: int) -> list[float]:
+    def acceptance_rates(self, slot: int, n: int, tier: int = 0) -> list[float]:
         """The rates of the child whose draft the slot got (its draft is that child's)."""
         chosen = self._chosen.get(slot)
-        return chosen.acceptance_rates(slot, n) if chosen else super().acceptance_rates(slot, n)
+        if chosen is None:
+            return super().acceptance_rates(slot, n, tier)
+        return chosen.acceptance_rates(slot, n, tier)
 
     def serves(self, types: tuple[str, ...] | None) -> bool:
         return any(s.serves(types) for s in self.children)
@@ -65,7 +67,7 @@ class ChainSpeculator(Speculator):
             if not asks:
                 continue
             for req, d in zip(asks, child.draft(asks), strict=True):
-                value = child.value(req, len(d)) if d else 0.0
+                value = child.value(req, d) if d else 0.0
                 if value > best[req.slot][0]:
                     if req.slot in self._chosen:
                         self._chosen[req.slot].discard(req.slot)

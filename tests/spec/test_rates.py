@@ -1,0 +1,106 @@
+"""Acceptance rates per tier and slot, and what drafts that were not verified teach."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from specserve.spec.base import MIN_GAIN, Draft, DraftRequest, Speculator
+from specserve.spec.rates import TIER_PRIOR, AcceptanceModel
+from specserve.spec.suffix import SuffixSpeculator, _tier
+
+
+def test_tiers_are_learnt_apart_and_a_new_tier_starts_from_the_overall_rate() -> None:
+    model = AcceptanceModel()
+    for _ in range(40):
+        model.learn(slot=0, tier=1, n_kept=1, n_proposed=1)
+        model.learn(slot=0, tier=2, n_kept=0, n_proposed=1)
+    model.forget(0)  # a new sequence: the slot's own tallies go, the tiers' stay
+    sure, doubtful = model.rates(0, 1, 1)[0], model.rates(0, 2, 1)[0]
+    assert sure > 0.9 and doubtful < 0.1
+    overall = (40 + 1) / (80 + 2)  # the prior's 1 in 2 counts as 2 drafts
+    assert model.rates(0, 7, 1) == pytest.approx([overall])
+    # a tier's first drafts move it from the overall rate, weighted TIER_PRIOR drafts
+    model.learn(slot=5, tier=7, n_kept=0, n_proposed=1)
+    model.forget(5)
+    expected = TIER_PRIOR * (41 / 83) / (1 + TIER_PRIOR)
+    assert model.rates(0, 7, 1)[0] == pytest.approx(expected)
+
+
+def test_a_held_draft_learns_its_first_token_from_the_next_context() -> None:
+    model = AcceptanceModel()
+    model.hold(0, context_len=3, tokens=[9, 8], tier=4)
+    model.settle(0, [1, 2, 3])  # the target has not answered yet: nothing learnt
+    assert model.overall.reached == []
+    model.settle(0, [1, 2, 3, 9])
+    assert (model.overall.kept, model.overall.reached) == ([1], [1])
+    model.settle(0, [1, 2, 3, 9, 5])  # settled once only
+    assert model.overall.reached == [1]
+    model.hold(0, context_len=4, tokens=[7], tier=4)
+    model.settle(0, [1, 2, 3, 9, 5])
+    assert (model.overall.kept, model.overall.reached) == ([1], [2])
+    model.hold(0, context_len=5, tokens=[6], tier=4)
+    model.drop(0)  # verified: learnt from the verification, not held
+    model.settle(0, [1, 2, 3, 9, 5, 6])
+    assert model.overall.reached == [2]
+
+
+class Oracle(Speculator):
+    """Drafts the true continuation of `truth` (so every first token is right), tier 3."""
+
+    def __init__(self, truth: list[int]) -> None:
+        super().__init__()
+        self.truth = truth
+
+    def _draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        return [Draft(self.truth[len(r.tokens) : len(r.tokens) + 2], tier=3) for r in requests]
+
+
+def test_drafts_cut_for_cost_still_teach_until_they_are_worth_verifying() -> None:
+    # one row costs 0.7 of a step (4 slots on this CPU): the prior's 1 in 2 is not worth
+    # it, so without learning from unverified drafts no draft would ever be verified
+    truth = list(range(100, 200))
+    spec = Oracle(truth)
+    cost = [1.0, 1.7, 2.4]
+    got = []
+    for t in range(1, 40):
+        (d,) = spec.draft([DraftRequest(0, truth[:t], 2, cost=cost)])
+        got.append(len(d))
+        spec.accept(0, len(d))  # every drafted token is right
+    assert got[0] == 0 and got[-1] == 2
+    verified = next(i for i, n in enumerate(got) if n)
+    assert 0 < verified < 15
+    # the statistics count verified drafts only
+    assert spec.stats.drafts_generated == sum(n > 0 for n in got)
+    assert spec.values(DraftRequest(0, truth, 2, cost=cost), 2, tier=3)[2] >= MIN_GAIN
+
+
+def test_a_doubtful_tier_is_cut_where_a_sure_one_is_verified() -> None:
+    spec = Oracle(list(range(100, 200)))
+    for _ in range(30):
+        spec.rates.learn(1, tier=3, n_kept=2, n_proposed=2)
+        spec.rates.learn(1, tier=5, n_kept=0, n_proposed=2)
+    req = DraftRequest(0, [0], 2, cost=[1.0, 1.3, 1.6])
+    assert spec._worth(req, Draft([1, 2], tier=3)).tokens == [1, 2]
+    assert spec._worth(req, Draft([1, 2], tier=5)).tokens == []
+
+
+def test_suffix_drafts_carry_the_length_of_their_match_as_tier() -> None:
+    spec = SuffixSpeculator()
+    prompt = [1, 2, 3, 4, 50, 60, 1, 2, 3]  # "1 2 3" seen before, followed by 4
+    spec.begin(0, prompt)
+    (d,) = spec.draft([DraftRequest(0, prompt, 8)])
+    assert d.tokens[:1] == [4] and d.tier == _tier(3, False)
+    spec.accept(0, 0)
+    other = [7, 8, 9, 7]  # only "7" repeats
+    spec.begin(1, other)
+    (d,) = spec.draft([DraftRequest(1, other, 8)])
+    assert d.tokens == [8] and d.tier == _tier(1, False)
+    spec.accept(1, 0)
+    spec.reset(0)  # the global tree learns slot 0's output (none here) ...
+    spec.learn([40, 41, 42, 43, 44])  # ... and this text
+    fresh = [99, 40, 41]
+    spec.begin(2, fresh)
+    (d,) = spec.draft([DraftRequest(2, fresh, 8)])
+    assert d.tokens[:1] == [42] and d.tier == _tier(2, True)
