@@ -86,7 +86,8 @@ class Engine:
         t0 = time.perf_counter()
         logits = self.runner.forward(work)
         seconds = time.perf_counter() - t0
-        self.cost.record(rows, seconds)
+        if self._measures_verify_cost(plan, rows, threads):
+            self.cost.record(rows, seconds)
         if self.threads:
             self.threads.record(rows, threads, seconds)
         n_pre = len(plan.prefill)
@@ -105,6 +106,18 @@ class Engine:
         )
         out += [self._accept(req, d, v) for (req, d, _), v in zip(verified, results, strict=True)]
         return [o for o in out if o is not None]
+
+    def _measures_verify_cost(self, plan: StepPlan, rows: int, threads: int) -> bool:
+        """Whether this forward's time is a sample of what `rows` decode rows cost.
+
+        Not with a prompt chunk in it: prompt rows skip the LM head, so a 38-row step with a
+        35-token chunk cost ~2.5x a 4-row one, and interpolated between the two a draft's
+        rows at 4 slots looked nearly free. Not on a thread count the tuner only tries: its
+        ~1.5x slower forwards made a 5-row step of 4 slots look 2.5-3.6 slots' shares dearer
+        than a 4-row one, or no dearer when a try landed among the 4-row samples."""
+        if plan.prefill:
+            return False
+        return not self.threads or threads == self.threads.best(rows)
 
     def _accept(self, req: Request, draft: Draft, result: VerifyResult) -> StepOutput:
         """Feed the verification back (speculator, draft budget, statistics), then emit."""

@@ -11,9 +11,10 @@ timings into the relative cost of k draft rows:
 
 B being the rows the step has without drafts (one per decoding slot): the extra time the
 k rows add, in units of one slot's share of a plain step. With one slot this is
-T(1 + k) / T(1). T(n) is the median of recent forwards over n rows; between measured row
-counts it is interpolated linearly; outside them it follows the prior 1 + PRIOR_PER_ROW
-per row from the nearest measured point. Example with T(1) = 100 ms, T(2) = 190 ms and
+T(1 + k) / T(1). T(n) is the median of recent forwards over n rows (measured: at least
+MIN_SAMPLES among the last HORIZON forwards); between measured row counts it is
+interpolated linearly; outside them it follows the prior 1 + PRIOR_PER_ROW per row from
+the nearest measured point. Example with T(1) = 100 ms, T(2) = 190 ms and
 T(9) = 260 ms measured: cost(1) = 1.9, cost(8) = 2.6, cost(4) = 1 + (190 + 3/7 * 70
 - 100) / 100 = 2.2.
 """
@@ -27,6 +28,13 @@ from collections import deque
 # 0.1-0.9 per row; a GPU ~0.01): high enough that speculation is not blind to verify cost
 PRIOR_PER_ROW = 0.2
 KEEP = 9  # timings kept per row count; their median resists one slow, interrupted step
+# a row count counts as measured with at least MIN_SAMPLES timings among the last HORIZON
+# forwards. Rare row counts (a 4-slot step plus one draft row) kept timings from minutes
+# before, while the common one's were fresh; on VMs whose step time drifts 17 -> 28 ms and
+# back, a stale 5-row median under a fresh 4-row one said an extra row was free, and every
+# draft was verified at a loss (4 slots: 488 drafts, 33 % kept, 15 % slower than none)
+HORIZON = 512
+MIN_SAMPLES = 3
 
 
 class ForwardCost:
@@ -36,11 +44,13 @@ class ForwardCost:
     def __init__(self, measure: bool = True, per_row: float = PRIOR_PER_ROW) -> None:
         self.measure = measure
         self.per_row = per_row
-        self._times: dict[int, deque[float]] = {}
+        self._times: dict[int, deque[tuple[int, float]]] = {}  # rows -> (forward no., s)
+        self._forwards = 0
 
     def record(self, rows: int, seconds: float) -> None:
         if self.measure and rows > 0:
-            self._times.setdefault(rows, deque(maxlen=KEEP)).append(seconds)
+            self._forwards += 1
+            self._times.setdefault(rows, deque(maxlen=KEEP)).append((self._forwards, seconds))
 
     def seconds(self, rows: int) -> float:
         """T(rows), in seconds once measured, else in units of a prior one-row forward."""
@@ -57,8 +67,14 @@ class ForwardCost:
         ]
 
     def _known(self) -> list[tuple[int, float]]:
-        """(rows, median seconds) for every row count measured, by rows."""
-        return sorted((n, statistics.median(ts)) for n, ts in self._times.items())
+        """(rows, median seconds) for every row count measured lately, by rows."""
+        oldest = self._forwards - HORIZON
+        known = []
+        for n, samples in self._times.items():
+            recent = [t for i, t in samples if i > oldest]
+            if len(recent) >= MIN_SAMPLES:
+                known.append((n, statistics.median(recent)))
+        return sorted(known)
 
     def _at(self, known: list[tuple[int, float]], rows: int) -> float:
         if not known:

@@ -10,6 +10,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from specserve.engine.engine import Engine
+from specserve.engine.request import Request
+from specserve.engine.runner import ModelRunner
+from specserve.engine.sampling import SamplingParams
 from specserve.engine.threads import (
     BURST,
     FIRST_TRY,
@@ -19,7 +23,10 @@ from specserve.engine.threads import (
     ComputeThread,
     ThreadTuner,
 )
+from specserve.loading.model import load_model
 from specserve.models.layers.packed import PackedLinear
+from specserve.spec.cost import ForwardCost
+from tests.tiny import write_hf_folder
 
 
 @pytest.fixture
@@ -130,3 +137,41 @@ def test_packed_float32_linear_gives_the_same_bits_on_1_and_2_threads(rows: int)
         torch.set_num_threads(threads)
         outs.append(layer(x))
     assert torch.equal(outs[0], outs[1])
+
+
+class _Trying(ThreadTuner):
+    """Every other forward is a try on one thread while two stay the choice."""
+
+    def __init__(self) -> None:
+        super().__init__(max_threads=2)
+        self.calls = 0
+
+    def pick(self, rows: int) -> int:
+        self.calls += 1
+        return 1 if self.calls % 2 == 0 else 2
+
+    def best(self, rows: int) -> int:
+        return 2
+
+
+class _Cost(ForwardCost):
+    def __init__(self) -> None:
+        super().__init__(measure=True)
+        self.recorded: list[int] = []
+
+    def record(self, rows: int, seconds: float) -> None:
+        self.recorded.append(rows)
+        super().record(rows, seconds)
+
+
+@pytest.mark.usefixtures("restore_threads")
+def test_the_verify_cost_is_not_measured_on_forwards_that_try_another_thread_count(
+    tmp_path,  # noqa: ANN001
+) -> None:
+    write_hf_folder("qwen2", tmp_path, seed=1)
+    model = load_model(tmp_path, dtype="float64").model
+    cost, tuner = _Cost(), _Trying()
+    engine = Engine(ModelRunner(model, num_slots=1, max_len=64), cost=cost, threads=tuner)
+    engine.generate([Request([1, 2, 3], SamplingParams(temperature=0.0, max_tokens=6))])
+    assert tuner.calls == 6  # the prompt pass and 5 decode steps
+    assert len(cost.recorded) == 2  # decode steps on the chosen count: calls 3, 5 (1: prompt)

@@ -8,7 +8,7 @@ import pytest
 
 from specserve.spec.base import EXPLORE, Draft, DraftRequest, Speculator
 from specserve.spec.chain import ChainSpeculator
-from specserve.spec.cost import PRIOR_PER_ROW, ForwardCost
+from specserve.spec.cost import HORIZON, MIN_SAMPLES, PRIOR_PER_ROW, ForwardCost
 
 
 class Fixed(Speculator):
@@ -30,10 +30,15 @@ def teach(spec: Speculator, slot: int, n_accepted: int, times: int, n_max: int =
         spec.accept(slot, min(n_accepted, len(d)))
 
 
+def measured(cost: ForwardCost, rows: int, seconds: float) -> None:
+    for _ in range(MIN_SAMPLES):
+        cost.record(rows, seconds)
+
+
 def test_docstring_example_interpolates_measured_forwards() -> None:
     cost = ForwardCost()
     for rows, ms in ((1, 100), (2, 190), (9, 260)):
-        cost.record(rows, ms / 1e3)
+        measured(cost, rows, ms / 1e3)
     rel = cost.relative(1, 8)
     assert rel[0] == 1.0
     assert rel[1] == pytest.approx(1.9)
@@ -51,10 +56,24 @@ def test_beyond_measured_rows_follows_the_prior_and_median_resists_outliers() ->
 
 def test_cost_in_units_of_one_slots_share_with_several_slots() -> None:
     cost = ForwardCost()
-    cost.record(4, 0.4)
-    cost.record(6, 0.5)
+    measured(cost, 4, 0.4)
+    measured(cost, 6, 0.5)
     # two extra rows add 0.1 s; one slot's share of the 4-row step is 0.1 s
     assert cost.relative(4, 2)[2] == pytest.approx(2.0)
+
+
+def test_stale_or_scarce_timings_of_a_row_count_give_way_to_the_prior() -> None:
+    cost = ForwardCost()
+    measured(cost, 5, 0.1)  # a fast spell of the machine, long ago
+    for _ in range(HORIZON):
+        cost.record(4, 0.2)  # the machine slowed down; 4-row steps only
+    # the old 5-row median (0.1) would make an extra row free; the prior holds instead
+    assert cost.relative(4, 1)[1] == pytest.approx(1 + 4 * PRIOR_PER_ROW / (1 + 3 * PRIOR_PER_ROW))
+    for _ in range(MIN_SAMPLES - 1):
+        cost.record(5, 0.3)
+    assert cost.relative(4, 1)[1] == pytest.approx(1 + 4 * PRIOR_PER_ROW / (1 + 3 * PRIOR_PER_ROW))
+    cost.record(5, 0.3)  # measured lately now
+    assert cost.relative(4, 1)[1] == pytest.approx(1 + (0.3 - 0.2) / 0.05)
 
 
 def test_unmeasured_cost_ignores_timings() -> None:
