@@ -181,7 +181,7 @@ class Speculator:
             d = self._worth(req, full)
             if len(d) < max(req.n_min, 1):
                 d = Draft()
-            if not d and req.slot in made and self.relative_cost > 0 and not full:
+            if req.slot in made and not full and self.relative_cost > 0:
                 self._missed_at_first(req.slot)
             # held until verified (accept) or, if not, until the target's next token shows
             # whether its first token was right (rates.py)

@@ -121,7 +121,7 @@ class AcceptanceModel:
             self.learn(slot, held.tier, int(context[held.at] == held.token), 1)
 
     def drop(self, slot: int) -> None:
-        """A verified draft (learnt in full) or a new sequence: nothing held."""
+        """The slot's draft was verified, so learnt in full: nothing is held for it."""
         self._held.pop(slot, None)
 
     def forget(self, slot: int) -> None:

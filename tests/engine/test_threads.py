@@ -165,7 +165,7 @@ class _Cost(ForwardCost):
 
 
 @pytest.mark.usefixtures("restore_threads")
-def test_the_verify_cost_is_not_measured_on_forwards_that_try_another_thread_count(
+def test_the_verify_cost_is_measured_on_decode_steps_on_the_chosen_thread_count_only(
     tmp_path,  # noqa: ANN001
 ) -> None:
     write_hf_folder("qwen2", tmp_path, seed=1)
