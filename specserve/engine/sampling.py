@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specserve.spec.verify import Stream, position_uniforms, sample_from_probs
+from specserve.spec.verify import Stream, argmax_rows, position_uniforms, sample_from_probs
 
 __all__ = [
     "SamplingParams",
@@ -168,9 +168,9 @@ def probs_from_logits(
     return probs
 
 
-def greedy(logits: torch.Tensor) -> torch.Tensor:
-    """logits: [N, V] -> [N] int64, the first argmax of each row."""
-    return logits.argmax(dim=-1)
+def greedy(logits: torch.Tensor) -> list[int]:
+    """logits: [N, V] -> the first argmax of each row (spec/verify.py argmax_rows)."""
+    return argmax_rows(logits)
 
 
 def sample(probs: torch.Tensor, seeds: Sequence[int], positions: Sequence[int]) -> torch.Tensor:

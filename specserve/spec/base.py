@@ -15,13 +15,16 @@ optionally `_begin`, `_accept`, `_reset`); counting and timing happen here, once
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import accumulate
+from typing import TypeVar
 
 import torch
 
 from specserve.spec.rates import AcceptanceModel, at, count_kept, count_positions, grow
+
+S = TypeVar("S")
 
 # a draft is verified only if it promises this much more than no draft: the rates and
 # costs are estimates, and a verify step costs a little outside the forward too (the
@@ -32,6 +35,15 @@ MIN_GAIN = 1.05
 # draft model for the 1.5B target (a third of a step per token) was never asked, so its
 # real rates were never learnt
 EXPLORE = 4
+
+
+def slot_state(table: dict[int, S], slot: int, make: Callable[[], S]) -> S:
+    """table[slot], made by make() the first time. Not dict.setdefault(slot, make()): that
+    builds a new state (numpy buffers, dicts) for every slot of every step, used or not."""
+    state = table.get(slot)
+    if state is None:
+        state = table[slot] = make()
+    return state
 
 
 @dataclass

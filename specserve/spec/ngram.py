@@ -34,13 +34,15 @@ from typing import cast
 
 import numpy as np
 
-from specserve.spec.base import Draft, DraftRequest, Speculator
+from specserve.spec.base import Draft, DraftRequest, Speculator, slot_state
 
 # most distinct m-grams ngram-map-k4v keeps per key [llama.cpp: COMMON_NGRAM_MAX_VALUES]
 MAX_VALUES = 4
 # ngram-map-k4v drafts the most frequent m-gram only if it is seen at least this many times as
 # often as all the others together (llama.cpp: `max_occur < 2 * sum_occur` means no draft)
 DOMINANCE = 2
+# new key starts indexed one by one up to this many; more go through numpy's sliding window
+FEW = 16
 
 
 def check_positive(**params: int) -> None:
@@ -152,7 +154,7 @@ class NgramSimple(Speculator):
     def _draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         drafts = []
         for req in requests:
-            context = self._contexts.setdefault(req.slot, _TokenArray())
+            context = slot_state(self._contexts, req.slot, _TokenArray)
             context.sync(req.tokens)
             drafts.append(Draft(ngram_simple_draft(context.view, self.n, self.m)))
         return drafts
@@ -287,10 +289,13 @@ class _MapSlot:
         stop = len(arr) - n - self.m - 1
         if stop <= first:
             return
-        windows = np.lib.stride_tricks.sliding_window_view(arr[first : stop + n - 1], n)
-        rows = np.ascontiguousarray(windows).view(np.dtype((np.void, 8 * n)))  # [k, 1]
-        # each row's 8n bytes, equal to arr[j:j+n].tobytes() (unstructured void -> bytes)
-        keys = cast("list[bytes]", rows.ravel().tolist())
+        if stop - first <= FEW:  # a decode step's token or few: numpy's window costs more
+            keys = [arr[j : j + n].tobytes() for j in range(first, stop)]
+        else:
+            windows = np.lib.stride_tricks.sliding_window_view(arr[first : stop + n - 1], n)
+            rows = np.ascontiguousarray(windows).view(np.dtype((np.void, 8 * n)))  # [k, 1]
+            # each row's 8n bytes, equal to arr[j:j+n].tobytes() (unstructured void -> bytes)
+            keys = cast("list[bytes]", rows.ravel().tolist())
         for j, key in enumerate(keys, start=first):
             self.prev.append(self.latest.get(key, -1))
             self.latest[key] = j
@@ -349,7 +354,7 @@ class _NgramMap(Speculator):
     def _draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         drafts = []
         for req in requests:
-            state = self._slots.setdefault(req.slot, _MapSlot(self.n, self.m))
+            state = slot_state(self._slots, req.slot, lambda: _MapSlot(self.n, self.m))
             state.sync(req.tokens)
             state.last = None
             drafts.append(Draft(self._draft_slot(state)))

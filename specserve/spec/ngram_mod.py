@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specserve.spec.base import Draft, DraftRequest
+from specserve.spec.base import Draft, DraftRequest, slot_state
 from specserve.spec.ngram import Speculator, check_positive
 
 _MULT = 6364136223846793005  # llama.cpp's hash multiplier (Knuth's MMIX LCG constant)
@@ -196,7 +196,7 @@ class NgramMod(Speculator):
         return [Draft(self._draft_one(req)) for req in requests]
 
     def _draft_one(self, req: DraftRequest) -> list[int]:
-        info = self._seqs.setdefault(req.slot, _SeqInfo())
+        info = slot_state(self._seqs, req.slot, _SeqInfo)
         tokens, n = req.tokens, self.n_match
         cur_len = len(tokens) - 1  # llama.cpp's history excludes the newest token
         if cur_len < n:
@@ -210,7 +210,7 @@ class NgramMod(Speculator):
         return draft if len(draft) >= self.n_min else []
 
     def _accept(self, slot: int, n_accepted: int, n_proposed: int) -> None:
-        info = self._seqs.setdefault(slot, _SeqInfo())
+        info = slot_state(self._seqs, slot, _SeqInfo)
         if n_accepted / n_proposed >= LOW_ACCEPT:
             info.n_low = 0
             return

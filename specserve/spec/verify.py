@@ -118,13 +118,24 @@ class VerifyResult:
 # ---- one slot: the readable references ----------------------------------------------------
 
 
+def argmax_rows(logits: torch.Tensor) -> list[int]:
+    """logits: [N, V] -> the first argmax of each row (torch.argmax's answer).
+
+    Float rows on the CPU go through numpy: its SIMD argmax reads a 151936-wide row in
+    ~10 us where torch's took ~130 us (2 threads), 2 % of a 4-slot 0.5B step. It answers
+    ties (the first index) and NaN (the first NaN) as torch does."""
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64):
+        return logits.numpy().argmax(axis=-1).tolist()
+    return logits.argmax(dim=-1).tolist()
+
+
 def verify_greedy(target_logits: torch.Tensor, draft: Sequence[int]) -> VerifyResult:
     """Greedy verification of one slot.
 
     target_logits: [k + 1, V] rows for [last, d1..dk]; draft: [k] tokens d1..dk.
     """
     _check_rows(target_logits, len(draft))
-    best = target_logits.argmax(dim=-1).tolist()
+    best = argmax_rows(target_logits)
     n = 0
     while n < len(draft) and best[n] == draft[n]:
         n += 1

@@ -94,7 +94,24 @@ def test_top_k_ties_keep_the_lowest_token_id():
     logits = torch.tensor([[1.0, 3.0, 3.0, 0.0]])
     assert probs_from_logits(logits, SamplingParams(top_k=1)).tolist() == [[0, 1, 0, 0]]
     assert probs_from_logits(logits, SamplingParams(temperature=0)).tolist() == [[0, 1, 0, 0]]
-    assert greedy(logits).tolist() == [1]
+    assert greedy(logits) == [1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_greedy_answers_as_torch_argmax_on_ties_nan_and_infinities(dtype: torch.dtype) -> None:
+    # float rows take numpy's argmax (faster); it must pick what torch's does
+    nan, inf = float("nan"), float("inf")
+    rows = [
+        [2.0, 5.0, 5.0, 1.0],
+        [1.0, nan, 3.0, nan],
+        [-inf, -inf, -inf, -inf],
+        [inf, 1.0, inf, 0.0],
+    ]
+    g = torch.Generator().manual_seed(0)
+    logits = torch.cat([torch.tensor(rows), torch.randn(3, 4, generator=g)]).to(dtype)
+    assert greedy(logits) == logits.argmax(dim=-1).tolist() == [1, 1, 0, 0, *greedy(logits)[4:]]
+    wide = torch.randn(2, 151936, generator=g).to(dtype)
+    assert greedy(wide) == wide.argmax(dim=-1).tolist()
 
 
 def test_params_per_row_and_dtypes():

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from specserve.models.batch import FlatBatch
+from specserve.models.layers.basic import RotaryEmbedding
 from specserve.ops.cpu.build import problem
 from specserve.ops.fast.attention import cached_attention as fast
 from specserve.ops.naive.attention import cached_attention as naive
@@ -60,3 +61,33 @@ def test_cpu_kernel_matches_the_reference_and_is_row_invariant(
             alone = fast(q[row : row + 1], k_cache, v_cache, one, 0.125, window)
             assert torch.equal(alone, got[row : row + 1]), (slot, t)
             row += 1
+
+
+@pytest.mark.skipif(problem() is not None, reason=f"CPU kernels: {problem()}")
+def test_attend_qkv_writes_each_slots_rows_at_its_start_and_refuses_rows_past_the_cache() -> None:
+    # the kernel stores the new keys and values with one memcpy a row: slot i's rows go to
+    # positions starts[i].., the values unchanged, every other position untouched
+    from specserve.ops.cpu.build import load
+
+    kernels = load()
+    H, hkv, D, L = 4, 2, 64, 16
+    slots, starts, lens = [2, 0], [5, 3], [3, 2]
+    batch = FlatBatch.build(slots, starts, lens, torch.device("cpu"))
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(batch.num_tokens, (H + 2 * hkv) * D, generator=g)
+    k_cache, v_cache = torch.zeros(3, L, hkv, D), torch.zeros(3, L, hkv, D)
+    rope = RotaryEmbedding(D, 10000.0, 1.0)
+    cos, sin = rope.cos_sin(batch.positions, torch.float32)
+    args = (cos, sin, batch.slots, batch.starts, batch.cu_seqlens, batch.positions)
+    kernels.attend_qkv(qkv, k_cache, v_cache, *args, H, 0.125, 0, None, None, 0.0)
+    v_rows = qkv[:, (H + hkv) * D :].view(-1, hkv, D)
+    want = torch.zeros_like(v_cache)
+    want[2, 5:8], want[0, 3:5] = v_rows[:3], v_rows[3:]
+    assert torch.equal(v_cache, want)
+    assert torch.equal(k_cache != 0, want != 0)  # keys (rotated) exactly where values went
+
+    late = FlatBatch.build([1], [L - 1], [2], torch.device("cpu"))
+    cos, sin = rope.cos_sin(late.positions, torch.float32)
+    late_args = (cos, sin, late.slots, late.starts, late.cu_seqlens, late.positions)
+    with pytest.raises(RuntimeError, match="rows beyond the cache"):
+        kernels.attend_qkv(qkv[:2], k_cache, v_cache, *late_args, H, 0.125, 0, None, None, 0.0)
