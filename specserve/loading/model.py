@@ -13,6 +13,7 @@ from specserve.errors import SpecserveError
 from specserve.loading.convert import LinearConverter
 from specserve.loading.gguf import TENSOR_TYPES_KEY, Tensors, read_gguf
 from specserve.loading.hf import read_hf
+from specserve.loading.hugepages import records_to_huge_pages
 from specserve.loading.names import keeps_precision
 from specserve.loading.sources import resolve_model
 from specserve.loading.tokenizer import Tokenizer, load_tokenizer
@@ -250,6 +251,8 @@ def load_model(
     if quantized:
         if lowbit:
             fuse_lowbit(model)
+            records_to_huge_pages(model)  # fewer TLB misses per step (loading/hugepages.py)
+            release_freed_memory(collect=False)  # the records' old copies
         _cast_floats(model, compute)
     if prepack:
         pack_linears(model)  # only float32 CPU linears; a no-op otherwise

@@ -24,34 +24,33 @@ namespace {
 
 constexpr int ROWS = 8;  // 32 registers: 8 accumulators and 8 dots stay in registers
 
-// A block's dots are a chain of 8 vpdpbusd per row (latency ~4 cycles each). With few rows
-// (decode: one) that chain, not memory, set the pace: q5 took ~33 cycles a block, where
-// reading its 176 bytes at one core's bandwidth takes ~20. Few rows therefore run even and
-// odd steps in two chains; 5 or more rows are enough independent chains as they are.
-template <int R>
-constexpr bool Split = R <= 4;
+// A block's dots are a chain of 8 vpdpbusd per row (latency ~4 cycles each). With one row
+// (decode) that chain, not memory, set the pace: q5 took ~33 cycles a block, where reading
+// its 176 bytes at one core's bandwidth takes ~20. So even and odd steps run in two chains,
+// at every row count: with 5-7 rows in one chain each the dots were still latency-bound,
+// and a fifth row cost 1.9x what the fourth did (L2-resident q5, one thread); with two
+// chains every row up to 8 costs about the same (32 registers hold 8 rows' three vectors).
 
 // the two chains of each row added (exact integers, so the split changes no bits)
 template <int R>
-inline void join(__m256i* d, const __m256i* e) {
+LOWBIT_INLINE void join(__m256i* d, const __m256i* e) {
   for (int r = 0; r < R; ++r) d[r] = _mm256_add_epi32(d[r], e[r]);
 }
 
 struct Q8 : lowbit::Q8Layout {
   template <int R>
-  static inline void dots(const uint8_t* rec, const XRows& x, const int64_t* idx, __m256i* d) {
+  static LOWBIT_INLINE void dots(const uint8_t* rec, const XRows& x, const int64_t* idx, __m256i* d) {
     const __m256i ones = _mm256_set1_epi8(1);
     __m256i wsum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, e[R];
     for (int r = 0; r < R; ++r) d[r] = e[r] = _mm256_setzero_si256();
-    for (int j = 0; j < 8; j += 2) {  // even and odd steps in two chains (see Split)
+    for (int j = 0; j < 8; j += 2) {  // even and odd steps in two chains (see above)
       const __m256i w0 = load(rec + WEIGHTS + 32 * j), w1 = load(rec + WEIGHTS + 32 * j + 32);
       wsum[0] = _mm256_dpbusd_epi32(wsum[0], ones, w0);
       wsum[1] = _mm256_dpbusd_epi32(wsum[1], ones, w1);
       for (int r = 0; r < R; ++r) {
         const uint8_t* xr = x.u + idx[r] * BLOCK;
         d[r] = _mm256_dpbusd_epi32(d[r], broadcast4(xr, j), w0);
-        __m256i& odd = Split<R> ? e[r] : d[r];
-        odd = _mm256_dpbusd_epi32(odd, broadcast4(xr, j + 1), w1);
+        e[r] = _mm256_dpbusd_epi32(e[r], broadcast4(xr, j + 1), w1);
       }
     }
     join<R>(d, e);
@@ -60,22 +59,21 @@ struct Q8 : lowbit::Q8Layout {
   }
 };
 
-// steps 2i and 2i+1 (bytes lo, hi) into R rows' dots: the odd steps into e when Split<R>
+// steps 2i and 2i+1 (bytes lo, hi) into R rows' dots: the odd steps into e
 template <int R>
-inline void add_pair(__m256i lo, __m256i hi, const XRows& x, const int64_t* idx, int i,
+LOWBIT_INLINE void add_pair(__m256i lo, __m256i hi, const XRows& x, const int64_t* idx, int i,
                      __m256i* d, __m256i* e) {
   for (int r = 0; r < R; ++r) {
     const int8_t* xr = x.q + idx[r] * BLOCK;
     d[r] = _mm256_dpbusd_epi32(d[r], lo, broadcast4(xr, 2 * i));
-    __m256i& odd = Split<R> ? e[r] : d[r];
-    odd = _mm256_dpbusd_epi32(odd, hi, broadcast4(xr, 2 * i + 1));
+    e[r] = _mm256_dpbusd_epi32(e[r], hi, broadcast4(xr, 2 * i + 1));
   }
 }
 
 
 struct Q4 : lowbit::Q4Layout {
   template <int R>
-  static inline void dots(const uint8_t* rec, const XRows& x, const int64_t* idx, __m256i* d) {
+  static LOWBIT_INLINE void dots(const uint8_t* rec, const XRows& x, const int64_t* idx, __m256i* d) {
     __m256i e[R];
     for (int r = 0; r < R; ++r) d[r] = e[r] = _mm256_setzero_si256();
     for (int i = 0; i < 4; ++i) {
@@ -89,14 +87,14 @@ struct Q4 : lowbit::Q4Layout {
 
 struct Q5 : lowbit::Q5Layout {
   template <int I, int R>
-  static inline void pair(const uint8_t* rec, __m256i plane, const XRows& x, const int64_t* idx,
+  static LOWBIT_INLINE void pair(const uint8_t* rec, __m256i plane, const XRows& x, const int64_t* idx,
                           __m256i* d, __m256i* e) {
     __m256i lo, hi;
     q5_pair<I>(rec, plane, lo, hi);
     add_pair<R>(lo, hi, x, idx, I, d, e);
   }
   template <int R>
-  static inline void dots(const uint8_t* rec, const XRows& x, const int64_t* idx, __m256i* d) {
+  static LOWBIT_INLINE void dots(const uint8_t* rec, const XRows& x, const int64_t* idx, __m256i* d) {
     const __m256i plane = load(rec + PLANE);
     __m256i e[R];
     for (int r = 0; r < R; ++r) d[r] = e[r] = _mm256_setzero_si256();
