@@ -2,10 +2,10 @@
 
 Why: a decode step reads every weight record once, ~400 MB for the 0.5B, as one sequential
 stream per thread. On 4 KiB pages that stream crosses a page, and needs a TLB entry, every
-4 KiB; on 2 MiB pages it needs one per 2 MiB. Measured on the 0.5B's q5 gate/up and down
-matrices (24 layers, 216 MB, one row, 2 threads, Zen 4 VM): 8.5-8.8 ms a pass on 4 KiB
-pages, 6.6 ms on huge pages; with 8 rows, where the kernel is bound by arithmetic rather
-than by memory, 15.0 against 14.6 ms.
+4 KiB; on 2 MiB pages it needs one per 2 MiB. The 0.5B's forward (2 threads, Zen 4 VM,
+interleaved runs, medians of 4): one row 15.4 ms on huge pages against 17.3 ms, four slots'
+rows 20.5 against 25.2. Its steady RSS is the same; the load peaks ~150 MB higher, while
+the LM head's records exist twice.
 
 Linux gives an anonymous mapping huge pages when asked (madvise MADV_HUGEPAGE) if its
 transparent huge pages are "always" or "madvise", as on most distributions. Where they are
@@ -19,7 +19,7 @@ import mmap
 import torch
 from torch import nn
 
-from specserve.models.layers.lowbit import LowbitLinear
+from specserve.models.layers.lowbit import LowbitCall
 
 HUGE_PAGE = 2 << 20
 ALIGN = 64  # each record tensor starts on a cache line, as torch's own allocations do
@@ -46,28 +46,38 @@ def huge_page_buffer(nbytes: int) -> torch.Tensor | None:
     return whole[start : start + nbytes]
 
 
-def records_to_huge_pages(model: nn.Module) -> int:
-    """Move every CPU low-bit layer's records into one huge-page buffer; returns its bytes
-    (0: nothing moved). The values are copied as they are, so outputs keep their bits."""
-    layers = [
-        m for m in model.modules() if isinstance(m, LowbitLinear) and m.records.device.type == "cpu"
+def record_buffers(model: nn.Module) -> list[tuple[nn.Module, str]]:
+    """(module, buffer name) of every CPU low-bit weight record tensor: a layer's `records`,
+    a fused call's `records_0`, `records_1`, ... (its parts' tensors, the parts replaced)."""
+    return [
+        (module, name)
+        for module in model.modules()
+        if isinstance(module, LowbitCall)
+        for name, buf in module.named_buffers(recurse=False)
+        if name.startswith("records") and buf.device.type == "cpu"
     ]
+
+
+def records_to_huge_pages(model: nn.Module) -> int:
+    """Move every CPU low-bit record tensor into one huge-page buffer; returns its bytes
+    (0: nothing moved). The values are copied as they are, so outputs keep their bits."""
+    owners = record_buffers(model)
     starts: dict[int, int] = {}  # records' address -> offset: a tensor shared is moved once
     total = 0
-    for layer in layers:
-        key = layer.records.data_ptr()
-        if key not in starts:
-            starts[key] = total
-            total += -(-layer.records.numel() // ALIGN) * ALIGN
+    for module, name in owners:
+        old = getattr(module, name)
+        if old.data_ptr() not in starts:
+            starts[old.data_ptr()] = total
+            total += -(-old.numel() // ALIGN) * ALIGN
     buffer = huge_page_buffer(total)
     if buffer is None:
         return 0
     moved: dict[int, torch.Tensor] = {}
-    for layer in layers:
-        old = layer.records
+    for module, name in owners:
+        old = getattr(module, name)
         key = old.data_ptr()
         if key not in moved:
             at = starts[key]
             moved[key] = buffer[at : at + old.numel()].view(old.shape).copy_(old)
-        layer.records = moved[key]
+        setattr(module, name, moved[key])
     return total

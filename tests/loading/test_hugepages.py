@@ -9,10 +9,15 @@ import pytest
 import torch
 
 from specserve.loading import hugepages
-from specserve.loading.hugepages import HUGE_PAGE, huge_page_buffer, records_to_huge_pages
+from specserve.loading.hugepages import (
+    HUGE_PAGE,
+    huge_page_buffer,
+    record_buffers,
+    records_to_huge_pages,
+)
 from specserve.loading.model import load_model
 from specserve.models.batch import FlatBatch
-from specserve.models.layers.lowbit import LowbitLinear
+from specserve.models.layers.lowbit import FusedLowbit, LowbitCall
 from specserve.ops.cpu.build import problem
 from tests.tiny import VOCAB, make_hf_model
 from tests.tiny_gguf import write_gguf
@@ -48,23 +53,33 @@ def _logits(model: torch.nn.Module, prompt: torch.Tensor) -> torch.Tensor:
         return model.logits(hidden)
 
 
+def _records(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [getattr(module, name) for module, name in record_buffers(model)]
+
+
 @needs_lowbit
 def test_records_move_into_one_aligned_buffer_and_keep_their_bits(tmp_path: Path) -> None:
     path = write_gguf(make_hf_model("qwen2", seed=3), "qwen2", tmp_path / "m.gguf")
     prompt = torch.randint(0, VOCAB, (9,), generator=torch.Generator().manual_seed(1))
     loaded = load_model(path, "float32", with_tokenizer=False, weights="int8").model
-    layers = [m for m in loaded.modules() if isinstance(m, LowbitLinear)]
+    # fused q/k/v and gate/up hold their parts' records themselves: those move too
+    assert any(isinstance(m, FusedLowbit) for m in loaded.modules())
+    records = _records(loaded)
+    calls = [m for m in loaded.modules() if isinstance(m, LowbitCall)]
+    used = [r.data_ptr() for call in calls for r in call.parts()[0]]  # what the kernels read
+    assert sorted(r.data_ptr() for r in records) == sorted(used)
     # load_model moved them already: one buffer, each tensor on a cache line
-    bases = {layer.records.untyped_storage().data_ptr() for layer in layers}
-    assert len(layers) > 4 and len(bases) == 1
-    assert all(layer.records.data_ptr() % 64 == 0 for layer in layers)
-    assert min(layer.records.data_ptr() for layer in layers) % HUGE_PAGE == 0
+    bases = {r.untyped_storage().data_ptr() for r in records}
+    assert len(records) > 4 and len(bases) == 1
+    assert all(r.data_ptr() % 64 == 0 for r in records)
+    assert min(r.data_ptr() for r in records) % HUGE_PAGE == 0
     want = _logits(loaded, prompt)
     # moved again (a second buffer): the same bytes, so the same logits bit for bit
-    before = [layer.records.clone() for layer in layers]
+    before = [r.clone() for r in records]
     assert records_to_huge_pages(loaded) >= sum(r.numel() for r in before)
-    assert all(torch.equal(b, layer.records) for b, layer in zip(before, layers, strict=True))
-    assert {layer.records.untyped_storage().data_ptr() for layer in layers} != bases
+    after = _records(loaded)
+    assert all(torch.equal(b, a) for b, a in zip(before, after, strict=True))
+    assert {r.untyped_storage().data_ptr() for r in after} != bases
     assert torch.equal(_logits(loaded, prompt), want)
 
 
@@ -86,6 +101,6 @@ def test_without_the_advice_nothing_moves(tmp_path: Path, monkeypatch: pytest.Mo
     assert hugepages.huge_page_buffer(HUGE_PAGE) is None
     path = write_gguf(make_hf_model("qwen2", seed=3), "qwen2", tmp_path / "m.gguf")
     model = load_model(path, "float32", with_tokenizer=False, weights="int8").model
-    layers = [m for m in model.modules() if isinstance(m, LowbitLinear)]
-    assert len({layer.records.untyped_storage().data_ptr() for layer in layers}) == len(layers)
+    records = _records(model)
+    assert len({r.untyped_storage().data_ptr() for r in records}) == len(records) > 4
     assert records_to_huge_pages(model) == 0
