@@ -114,7 +114,8 @@ const QuantRows& quantize_rows(const torch::Tensor& x, bool with_u) {
 // carry the shift).
 struct Q8 : lowbit::Q8Layout {
   template <int R>
-  static LOWBIT_INLINE void dots(const uint8_t* rec, const XRows& x, const int64_t* idx, __m256i* d) {
+  static LOWBIT_INLINE void dots(const uint8_t* rec, const XRows& x, const int64_t* idx,
+                                 __m256i* d) {
     const __m256i ones = _mm256_set1_epi16(1);
     for (int r = 0; r < R; ++r) d[r] = _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j) {
@@ -131,7 +132,7 @@ struct Q8 : lowbit::Q8Layout {
 // 16-bit sums of steps 2i and 2i+1 for R rows (each product <= 31 * 127)
 template <int R>
 LOWBIT_INLINE void add_pair(__m256i lo, __m256i hi, const XRows& x, const int64_t* idx, int i,
-                     __m256i* s) {
+                            __m256i* s) {
   for (int r = 0; r < R; ++r) {
     const int8_t* xr = x.q + idx[r] * BLOCK;
     const __m256i a = _mm256_maddubs_epi16(lo, broadcast4(xr, 2 * i));
@@ -142,7 +143,8 @@ LOWBIT_INLINE void add_pair(__m256i lo, __m256i hi, const XRows& x, const int64_
 
 struct Q4 : lowbit::Q4Layout {
   template <int R>
-  static LOWBIT_INLINE void dots(const uint8_t* rec, const XRows& x, const int64_t* idx, __m256i* d) {
+  static LOWBIT_INLINE void dots(const uint8_t* rec, const XRows& x, const int64_t* idx,
+                                 __m256i* d) {
     __m256i s[R];
     for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_si256();
     for (int i = 0; i < 4; ++i) {  // 8 steps of 2 products <= 15 * 127: fits 16 bits
@@ -157,14 +159,15 @@ struct Q4 : lowbit::Q4Layout {
 
 struct Q5 : lowbit::Q5Layout {
   template <int I, int R>
-  static LOWBIT_INLINE void pair(const uint8_t* rec, __m256i plane, const XRows& x, const int64_t* idx,
-                          __m256i* s) {
+  static LOWBIT_INLINE void pair(const uint8_t* rec, __m256i plane, const XRows& x,
+                                 const int64_t* idx, __m256i* s) {
     __m256i lo, hi;
     q5_pair<I>(rec, plane, lo, hi);
     add_pair<R>(lo, hi, x, idx, I, s);
   }
   template <int R>
-  static LOWBIT_INLINE void dots(const uint8_t* rec, const XRows& x, const int64_t* idx, __m256i* d) {
+  static LOWBIT_INLINE void dots(const uint8_t* rec, const XRows& x, const int64_t* idx,
+                                 __m256i* d) {
     const __m256i plane = load(rec + PLANE), ones = _mm256_set1_epi16(1);
     __m256i s[R], t[R];
     for (int r = 0; r < R; ++r) s[r] = t[r] = _mm256_setzero_si256();

@@ -127,8 +127,8 @@ LOWBIT_INLINE void q5_offset(const XRows& x, const int64_t* idx, __m256i* d) {
 // W::dots gives the exact int32 block dots of the record's 8 outputs with R rows' blocks
 // (`idx`: each row's block index in x).
 template <int R, class W>
-LOWBIT_INLINE void tile(const uint8_t* records, const XRows& x, int64_t m0, int64_t n0, int64_t n_out,
-                 float* y, const float* bias) {
+LOWBIT_INLINE void tile(const uint8_t* records, const XRows& x, int64_t m0, int64_t n0,
+                        int64_t n_out, float* y, const float* bias) {
   const int64_t nb = x.nblocks;
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -161,7 +161,7 @@ LOWBIT_INLINE void tile(const uint8_t* records, const XRows& x, int64_t m0, int6
 // Rows m_begin..m_end of one tile, R rows at a time, the last group smaller (R-1 .. 1).
 template <int R, class W>
 LOWBIT_INLINE void rows(const uint8_t* records, const XRows& x, int64_t m_begin, int64_t m_end,
-                 int64_t n0, int64_t n_out, float* y, const float* bias) {
+                        int64_t n0, int64_t n_out, float* y, const float* bias) {
   int64_t m = m_begin;
   for (; m + R <= m_end; m += R) tile<R, W>(records, x, m, n0, n_out, y, bias);
   if constexpr (R > 1) {
@@ -171,8 +171,8 @@ LOWBIT_INLINE void rows(const uint8_t* records, const XRows& x, int64_t m_begin,
 
 // One tile of a matrix of `kind` (0 q8, 1 q4, 2 q5), up to ROWS rows sharing each record read.
 template <int ROWS, class Q8, class Q4, class Q5>
-LOWBIT_INLINE void kind_rows(int64_t kind, const uint8_t* rec, const XRows& x, int64_t m0, int64_t m1,
-                      int64_t n0, int64_t n_out, float* y, const float* bias) {
+LOWBIT_INLINE void kind_rows(int64_t kind, const uint8_t* rec, const XRows& x, int64_t m0,
+                             int64_t m1, int64_t n0, int64_t n_out, float* y, const float* bias) {
   switch (kind) {
     case 0: return rows<ROWS, Q8>(rec, x, m0, m1, n0, n_out, y, bias);
     case 1: return rows<ROWS, Q4>(rec, x, m0, m1, n0, n_out, y, bias);

@@ -39,7 +39,8 @@ LOWBIT_INLINE void join(__m256i* d, const __m256i* e) {
 
 struct Q8 : lowbit::Q8Layout {
   template <int R>
-  static LOWBIT_INLINE void dots(const uint8_t* rec, const XRows& x, const int64_t* idx, __m256i* d) {
+  static LOWBIT_INLINE void dots(const uint8_t* rec, const XRows& x, const int64_t* idx,
+                                 __m256i* d) {
     const __m256i ones = _mm256_set1_epi8(1);
     __m256i wsum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, e[R];
     for (int r = 0; r < R; ++r) d[r] = e[r] = _mm256_setzero_si256();
@@ -62,7 +63,7 @@ struct Q8 : lowbit::Q8Layout {
 // steps 2i and 2i+1 (bytes lo, hi) into R rows' dots: the odd steps into e
 template <int R>
 LOWBIT_INLINE void add_pair(__m256i lo, __m256i hi, const XRows& x, const int64_t* idx, int i,
-                     __m256i* d, __m256i* e) {
+                            __m256i* d, __m256i* e) {
   for (int r = 0; r < R; ++r) {
     const int8_t* xr = x.q + idx[r] * BLOCK;
     d[r] = _mm256_dpbusd_epi32(d[r], lo, broadcast4(xr, 2 * i));
@@ -73,7 +74,8 @@ LOWBIT_INLINE void add_pair(__m256i lo, __m256i hi, const XRows& x, const int64_
 
 struct Q4 : lowbit::Q4Layout {
   template <int R>
-  static LOWBIT_INLINE void dots(const uint8_t* rec, const XRows& x, const int64_t* idx, __m256i* d) {
+  static LOWBIT_INLINE void dots(const uint8_t* rec, const XRows& x, const int64_t* idx,
+                                 __m256i* d) {
     __m256i e[R];
     for (int r = 0; r < R; ++r) d[r] = e[r] = _mm256_setzero_si256();
     for (int i = 0; i < 4; ++i) {
@@ -87,14 +89,15 @@ struct Q4 : lowbit::Q4Layout {
 
 struct Q5 : lowbit::Q5Layout {
   template <int I, int R>
-  static LOWBIT_INLINE void pair(const uint8_t* rec, __m256i plane, const XRows& x, const int64_t* idx,
-                          __m256i* d, __m256i* e) {
+  static LOWBIT_INLINE void pair(const uint8_t* rec, __m256i plane, const XRows& x,
+                                 const int64_t* idx, __m256i* d, __m256i* e) {
     __m256i lo, hi;
     q5_pair<I>(rec, plane, lo, hi);
     add_pair<R>(lo, hi, x, idx, I, d, e);
   }
   template <int R>
-  static LOWBIT_INLINE void dots(const uint8_t* rec, const XRows& x, const int64_t* idx, __m256i* d) {
+  static LOWBIT_INLINE void dots(const uint8_t* rec, const XRows& x, const int64_t* idx,
+                                 __m256i* d) {
     const __m256i plane = load(rec + PLANE);
     __m256i e[R];
     for (int r = 0; r < R; ++r) d[r] = e[r] = _mm256_setzero_si256();
