@@ -90,13 +90,18 @@ def measure(runner: ModelRunner, prompt_len: int, decode_len: int, repeats: int)
         passes.append(_timed(lambda: decode(prompt[-1])))
     t_decode = statistics.median(passes)
     base = mem.length(0)
-    cost = {}
-    for k in KS:
-        times = []
-        for _ in range(repeats + 1):
+    times: dict[int, list[float]] = {k: [] for k in KS}
+    # rounds over every k (every other one reversed), not each k's timings in a row: on a VM
+    # whose speed drifts by a third within minutes, k after k put the drift into the ratios
+    # (k=4 at 2.09x one row in a run where the same forwards interleaved cost 1.2-1.35x).
+    # Round 0 is a warm-up (a row count's first forward allocates).
+    for r in range(repeats + 1):
+        for k in KS if r % 2 == 0 else KS[::-1]:
             mem.commit(0, base)
-            times.append(_timed(lambda k=k: runner.forward([SlotInput(0, prompt[:k], k)])))
-        cost[k] = statistics.median(times[1:])
+            t = _timed(lambda k=k: runner.forward([SlotInput(0, prompt[:k], k)]))
+            if r:
+                times[k].append(t)
+    cost = {k: statistics.median(ts) for k, ts in times.items()}
     return {
         "prefill_tok_s": prompt_len / t_prefill,
         "decode_tok_s": decode_len / t_decode,
