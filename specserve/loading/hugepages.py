@@ -89,4 +89,6 @@ def records_to_huge_pages(model: nn.Module) -> int:
             # not all at the end: without this the 1.5B's load peaked ~500 MB higher
             release_freed_memory(collect=False)
             untrimmed = 0
+    if untrimmed:  # the copies moved since the last trim
+        release_freed_memory(collect=False)
     return total

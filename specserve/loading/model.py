@@ -252,7 +252,6 @@ def load_model(
         if lowbit:
             fuse_lowbit(model)
             records_to_huge_pages(model)  # fewer TLB misses per step (loading/hugepages.py)
-            release_freed_memory(collect=False)  # the records' old copies
         _cast_floats(model, compute)
     if prepack:
         pack_linears(model)  # only float32 CPU linears; a no-op otherwise
