@@ -17,6 +17,15 @@ interpolated linearly; outside them it follows the prior 1 + PRIOR_PER_ROW per r
 the nearest measured point. Example with T(1) = 100 ms, T(2) = 190 ms and
 T(9) = 260 ms measured: cost(1) = 1.9, cost(8) = 2.6, cost(4) = 1 + (190 + 3/7 * 70
 - 100) / 100 = 2.2.
+
+Each timing is kept divided by the machine's speed at the time it was taken: the VMs this
+was built on drift by a third within minutes, and with drafts verified in most steps of a
+4-slot server, the plain 4-row step's timings were the last few seconds' while the 5-row
+ones were spread over the whole run. A slow spell put the 4-row median (26.9 ms) above the
+5-row one (25.7 ms), so an extra row looked free, every draft was verified, and the steps
+with drafts produced 136-149 tok/s against 165 for plain ones. The speed is the median of
+the last PACE forwards' times over their row count's median: the row counts seen often
+carry it, and the rare ones' timings stay comparable.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ KEEP = 9  # timings kept per row count; their median resists one slow, interrupt
 # draft was verified at a loss (4 slots: 488 drafts, 33 % kept, 15 % slower than none)
 HORIZON = 512
 MIN_SAMPLES = 3
+PACE = 5  # the speed is the median of the last PACE forwards' own: one interrupted step
 
 
 class ForwardCost:
@@ -44,17 +54,28 @@ class ForwardCost:
     def __init__(self, measure: bool = True, per_row: float = PRIOR_PER_ROW) -> None:
         self.measure = measure
         self.per_row = per_row
-        self._times: dict[int, deque[tuple[int, float]]] = {}  # rows -> (forward no., s)
+        # rows -> (forward no., seconds / the speed then)
+        self._times: dict[int, deque[tuple[int, float]]] = {}
         self._forwards = 0
+        self._speed = 0.0  # seconds per unit of the stored timings, now (0: none yet)
+        self._pace: deque[float] = deque(maxlen=PACE)  # recent forwards' own speeds
 
     def record(self, rows: int, seconds: float) -> None:
-        if self.measure and rows > 0:
-            self._forwards += 1
-            self._times.setdefault(rows, deque(maxlen=KEEP)).append((self._forwards, seconds))
+        if not (self.measure and rows > 0 and seconds > 0):
+            return
+        self._forwards += 1
+        samples = self._times.setdefault(rows, deque(maxlen=KEEP))
+        usual = self._median(samples)
+        if not self._speed:  # the first forward sets the unit: a prior one-row forward
+            self._speed = seconds / self._prior(rows)
+        elif usual is not None:
+            self._pace.append(seconds / usual)
+            self._speed = statistics.median(self._pace)
+        samples.append((self._forwards, seconds / self._speed))
 
     def seconds(self, rows: int) -> float:
         """T(rows), in seconds once measured, else in units of a prior one-row forward."""
-        return self._at(self._known(), rows)
+        return self._at(self._known(), rows) * (self._speed or 1.0)
 
     def relative(self, base_rows: int, n_max: int) -> list[float]:
         """cost(k) for k = 0..n_max extra rows on a step of `base_rows` (see the module doc)."""
@@ -67,14 +88,19 @@ class ForwardCost:
         ]
 
     def _known(self) -> list[tuple[int, float]]:
-        """(rows, median seconds) for every row count measured lately, by rows."""
-        oldest = self._forwards - HORIZON
+        """(rows, median of its kept timings) for every row count measured lately, by rows."""
         known = []
         for n, samples in self._times.items():
-            recent = [t for i, t in samples if i > oldest]
-            if len(recent) >= MIN_SAMPLES:
-                known.append((n, statistics.median(recent)))
+            median = self._median(samples)
+            if median is not None:
+                known.append((n, median))
         return sorted(known)
+
+    def _median(self, samples: deque[tuple[int, float]]) -> float | None:
+        """The median of the samples among the last HORIZON forwards, if MIN_SAMPLES are."""
+        oldest = self._forwards - HORIZON
+        recent = [t for i, t in samples if i > oldest]
+        return statistics.median(recent) if len(recent) >= MIN_SAMPLES else None
 
     def _at(self, known: list[tuple[int, float]], rows: int) -> float:
         if not known:

@@ -8,7 +8,7 @@ import pytest
 
 from specserve.spec.base import EXPLORE, Draft, DraftRequest, Speculator
 from specserve.spec.chain import ChainSpeculator
-from specserve.spec.cost import HORIZON, MIN_SAMPLES, PRIOR_PER_ROW, ForwardCost
+from specserve.spec.cost import HORIZON, KEEP, MIN_SAMPLES, PRIOR_PER_ROW, ForwardCost
 
 
 class Fixed(Speculator):
@@ -74,6 +74,20 @@ def test_stale_or_scarce_timings_of_a_row_count_give_way_to_the_prior() -> None:
     assert cost.relative(4, 1)[1] == pytest.approx(1 + 4 * PRIOR_PER_ROW / (1 + 3 * PRIOR_PER_ROW))
     cost.record(5, 0.3)  # measured lately now
     assert cost.relative(4, 1)[1] == pytest.approx(1 + (0.3 - 0.2) / 0.05)
+
+
+def test_a_drift_of_the_machine_does_not_make_rare_row_counts_look_cheap() -> None:
+    cost = ForwardCost()
+    for _ in range(KEEP):  # a fast spell: 4 rows 0.2 s, a fifth row adds a slot's share
+        cost.record(4, 0.2)
+        cost.record(5, 0.25)
+    assert cost.relative(4, 1)[1] == pytest.approx(2.0)
+    for _ in range(2 * KEEP):  # the machine is 1.5x slower, and only 4-row steps run
+        cost.record(4, 0.3)
+    # the 5-row timings (0.25 s) are older than the 4-row ones (0.3 s); compared as taken,
+    # the fifth row would look free and every draft be verified
+    assert cost.relative(4, 1)[1] == pytest.approx(2.0, rel=0.02)
+    assert cost.seconds(5) == pytest.approx(0.375, rel=0.02)
 
 
 def test_unmeasured_cost_ignores_timings() -> None:
