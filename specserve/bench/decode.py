@@ -34,7 +34,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "--variants",
         nargs="+",
         default=["float32", "bfloat16", "bfloat16+int8", "bfloat16+int4"],
-        help="DTYPE or DTYPE+WEIGHTS (weights: int8, int5, int4, auto; default dequant; "
+        help="DTYPE or DTYPE+WEIGHTS (weights: int8, int6, int5, int4, auto; default dequant; "
         "`unpacked`: float weights on F.linear, not oneDNN's pre-packed ones)",
     )
     p.add_argument("--prompt-len", type=positive, default=256, help="prompt tokens for prefill")

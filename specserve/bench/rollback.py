@@ -149,7 +149,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--weights",
         default="dequant",
-        choices=["dequant", "int8", "int5", "int4"],
+        choices=["dequant", "int8", "int6", "int5", "int4"],
         help="dequant: weights in --dtype; int8 / int4: weight-only quantized linears, as "
         "`--weights` loads them (verify rows are cheap with them on AVX2)",
     )

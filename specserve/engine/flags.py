@@ -38,10 +38,11 @@ def add_engine_args(p: argparse.ArgumentParser, default_spec: str, slots: int) -
         "--weights",
         default="auto",
         choices=WEIGHT_MODES,
-        help="dequant: float weights; int8 / int5 / int4: weights kept quantized in blocks of "
-        "32 (float32 on CPU: specserve's AVX2 kernels, built on first use; bfloat16: torch's, "
-        "int5 on its int8); auto (default): each GGUF tensor on the kernel nearest its own "
-        "precision (Q4_x: int4, Q5_0: int5, other 5-8 bit: int8), float tensors stay float",
+        help="dequant: float weights; int8 / int6 / int5 / int4: weights kept quantized in "
+        "blocks of 32 (float32 on CPU: specserve's AVX2 kernels, built on first use; bfloat16: "
+        "torch's, int5 and int6 on its int8); auto (default): each GGUF tensor on the kernel "
+        "nearest its own precision (Q4_x: int4, Q5_0: int5, Q6_K: int6, other 5-8 bit: int8), "
+        "float tensors stay float",
     )
     m.add_argument(
         "--no-prepack",

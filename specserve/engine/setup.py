@@ -31,7 +31,7 @@ class EngineSettings:
     ctx_size: int = 0  # 0 = min(model's context, 4096)
     spec_types: tuple[str, ...] = ()
     draft_model: str | None = None
-    weights: str = "dequant"  # dequant | int8 | int5 | int4 | auto (models/layers/quant.py)
+    weights: str = "dequant"  # dequant | int8 | int6 | int5 | int4 | auto (models/layers/quant.py)
     deterministic: bool = False  # batch-invariant kernels (models/layers/invariant.py)
     prepack: bool = True  # float32 CPU linears on oneDNN's packed weights (layers/packed.py)
     threads: int = 0  # torch threads; 0 = 1 or all per forward, as measured (engine/threads.py)

@@ -7,8 +7,8 @@ quantized as soon as its weight (and bias) arrive and the float copy is dropped.
 (136M weights in Qwen2.5's 0.5B and 1.5B) is quantized CHUNK_ROWS rows at a time for our
 low-bit kernels; from a GGUF it arrives as its raw blocks (a QuantizedTable) and is
 dequantized chunk by chunk too, so its float32 copy never exists whole. A tied head is
-quantized from the embedding's table the same way. GGUF Q4_K linears also arrive as blocks
-and become q4 records without a float32 round trip (loading/q4k.py).
+quantized from the embedding's table the same way. GGUF Q4_K and Q6_K linears also arrive as
+blocks and become q4 and q6 records without a float32 round trip (loading/q4k.py, q6k.py).
 """
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ from torch import nn
 
 from specserve.errors import SpecserveError
 from specserve.loading.q4k import q4k_groups
+from specserve.loading.q6k import q6k_groups
 from specserve.models.layers.embedding import QuantizedTable
-from specserve.models.layers.lowbit import TILE, LowbitLinear, Q4Linear
+from specserve.models.layers.lowbit import TILE, LowbitLinear, Q4Linear, Q6Linear
 from specserve.models.layers.quant import quantize_weight
 
-# GGUF types whose blocks become low-bit records as they are, without a float32 round trip
-NATIVE_TYPES = ("Q4_K",)
+# GGUF types whose blocks become low-bit records as they are, without a float32 round trip,
+# and the --weights mode that takes them so
+NATIVE_TYPES = {"Q4_K": "int4", "Q6_K": "int6"}
 # rows quantized at once for the low-bit kernels: a whole number of their tiles of 8 outputs
 CHUNK_ROWS = 8192
 
@@ -63,12 +65,15 @@ def _layer(
     weight: Weight, start: int, stop: int, bias: torch.Tensor | None, mode: str, lowbit: bool
 ) -> nn.Module:
     """The quantized module of rows start..stop-1. Q4_K blocks become our q4 records as they
-    are (loading/q4k.py: the same 4-bit values, the scales rounded to float16); every other
-    weight is quantized from its float32 values."""
-    native = lowbit and mode == "int4"
-    if native and isinstance(weight, QuantizedTable) and weight.gguf_type in NATIVE_TYPES:
-        q, scale, low = q4k_groups(weight.data[start:stop], weight.cols)
-        return Q4Linear.from_groups(q, scale, low, bias)
+    are (loading/q4k.py: the same 4-bit values, the scales rounded to float16), Q6_K blocks
+    our q6 records (loading/q6k.py: exactly); every other weight is quantized from its float32
+    values."""
+    table = weight if isinstance(weight, QuantizedTable) else None
+    if lowbit and table is not None and NATIVE_TYPES.get(table.gguf_type) == mode:
+        rows = table.data[start:stop]
+        if table.gguf_type == "Q6_K":
+            return Q6Linear.from_groups(*q6k_groups(rows, table.cols), bias)
+        return Q4Linear.from_groups(*q4k_groups(rows, table.cols), bias)
     return quantize_weight(_rows(weight, start, stop), bias, mode, lowbit)
 
 

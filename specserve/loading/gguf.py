@@ -2,9 +2,9 @@
 
 The embedding table and the LM head, when block-quantized, are streamed as `QuantizedTable`s
 (their raw blocks) instead: the loader keeps the embedding that way and quantizes the head
-a range of rows at a time (loading/model.py, loading/convert.py). Q4_K tensors come as
-blocks too, so the low-bit kernels take their own 4-bit values (loading/q4k.py); every
-other consumer dequantizes them as before."""
+a range of rows at a time (loading/model.py, loading/convert.py). Q4_K and Q6_K tensors
+come as blocks too, so the low-bit kernels take their own values (loading/q4k.py, q6k.py);
+every other consumer dequantizes them as before."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ TENSOR_TYPES_KEY = "specserve.tensor_types"
 # the tables streamed as their raw blocks when block-quantized (the two largest tensors)
 RAW_TABLES = ("embed.weight", "lm_head.weight")
 # GGML types streamed as raw blocks wherever they are: a kernel takes them as they are
-RAW_TYPES = ("Q4_K",)
+RAW_TYPES = ("Q4_K", "Q6_K")
 
 Tensors = Iterator[tuple[str, torch.Tensor | QuantizedTable]]
 

@@ -215,8 +215,8 @@ def load_model(
     weights: str = "dequant",
     prepack: bool = True,
 ) -> LoadedModel:
-    """weights: dequant (float weights in `dtype`), int8, int5, int4, or auto (each tensor on the
-    kernel nearest its GGUF precision; float tensors stay float).
+    """weights: dequant (float weights in `dtype`), int8, int6, int5, int4, or auto (each
+    tensor on the kernel nearest its GGUF precision; float tensors stay float).
     prepack: float32 linears on CPU run on oneDNN's pre-packed weights (layers/packed.py)."""
     path = resolve_model(spec)
     types: dict[str, str] = {}
@@ -234,7 +234,7 @@ def load_model(
     quantized = weights != "dequant"
     if quantized and torch.device(device).type != "cpu":
         raise SpecserveError(
-            "--weights int8/int5/int4/auto runs on torch's CPU kernels; use dequant on GPU"
+            "--weights int8/int6/int5/int4/auto runs on torch's CPU kernels; use dequant on GPU"
         )
     # quantize from float32, not from weights already rounded to the compute dtype
     lowbit = quantized and _use_lowbit(compute, device)

@@ -32,7 +32,7 @@ def _scales_mins(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat([sc_lo, sc_hi], -1), torch.cat([m_lo, m_hi], -1)
 
 
-def q4k_groups(data: torch.Tensor, cols: int) -> tuple[torch.Tensor, ...]:
+def q4k_groups(data: torch.Tensor, cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Q4_K rows (uint8 [rows, bytes]) -> q [rows, cols] int32 in 0..15, scale and low
     [rows, cols / 32] float32, with w = q * scale + low exactly as the gguf package
     dequantizes (scale = d * sc and dmin * m in float32, as it computes them)."""

@@ -12,7 +12,9 @@ from specserve.models.layers.lowbit import (
     GROUP,
     Q4Linear,
     Q5Linear,
+    Q6Linear,
     Q8Linear,
+    int6_groups,
     kernel_isa,
     q4_blocks,
     q5_blocks,
@@ -80,6 +82,21 @@ def _reference_low(x: torch.Tensor, layer: Q4Linear | Q5Linear) -> torch.Tensor:
     return (scaled + low.double()[None] * xsum[:, None, :]).sum(-1)
 
 
+def _reference_q6(x: torch.Tensor, layer: Q6Linear) -> torch.Tensor:
+    """Exact integer dots per 16 inputs times their sc, summed per block, then scaled."""
+    qx, dx = _quantize_rows(x)
+    q, d, sc = layer.blocks()
+    n, k = q.shape
+    qw = (q.double() - 32).view(n, k // GROUP, 2, GROUP // 2)
+    sub = torch.einsum("mbhj,nbhj->mnbh", qx.double().view(*qx.shape[:2], 2, -1), qw)
+    dots = (sub * sc.double().view(n, -1, 2)[None]).sum(-1)  # integers, exact
+    return (dots * dx.double()[:, None, :] * d.double()[None]).sum(-1)
+
+
+REFERENCES = {Q8Linear: _reference_q8, Q4Linear: _reference_low, Q5Linear: _reference_low}
+REFERENCES[Q6Linear] = _reference_q6
+
+
 def _case(n: int = 70, k: int = 160, m: int = 9) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(n * k + m)
     return (
@@ -101,7 +118,7 @@ def test_q8_blocks_give_gguf_q8_0_weights_back_exactly() -> None:
     assert torch.equal(got_d, d)
 
 
-BLOCKS = {Q8Linear: q8_blocks, Q4Linear: q4_blocks, Q5Linear: q5_blocks}
+BLOCKS = {Q8Linear: q8_blocks, Q4Linear: q4_blocks, Q5Linear: q5_blocks, Q6Linear: int6_groups}
 
 
 def test_q5_blocks_give_gguf_q5_0_weights_back_exactly() -> None:
@@ -127,6 +144,23 @@ def test_records_hold_the_blocks(cls: type) -> None:
         assert torch.equal(got, expected)
 
 
+@pytest.mark.parametrize("level", [0, 63])
+def test_q6_extremes_wrap_16_bits_and_come_back_exact(level: int, isa: str) -> None:
+    # unsigned q = 63 against x = 127: four steps' maddubs sums reach 8 * 63 * 127, past
+    # int16; less the offset (32 * x's sums) they are 8 * 31 * 127 (q = 0: -8 * 32 * 127)
+    n, k = 16, 64
+    q = torch.full((n, k), level, dtype=torch.int32)
+    d = torch.full((n, k // GROUP), 2.0**-10)
+    sc = torch.full((n, k // 16), 127, dtype=torch.int8)
+    sc[:, 1::2] = -128  # the other sub-block at the most negative scale
+    layer = Q6Linear.from_groups(q, d, sc, None)
+    x = torch.ones(3, k)
+    x[1] = -1  # the sign of every product flips
+    got, ref = layer(x).double(), _reference_q6(x, layer)
+    assert torch.allclose(got, ref, rtol=1e-6, atol=0), (got - ref).abs().max()
+    assert ref.abs().min() > 0.5  # a real, large value, not a cancellation to zero
+
+
 def test_q4_blocks_round_within_half_a_step() -> None:
     w, _, _ = _case()
     packed, scale, low = q4_blocks(w)
@@ -139,7 +173,7 @@ def test_q4_blocks_round_within_half_a_step() -> None:
 def test_kernel_computes_the_quantized_arithmetic(cls: type, isa: str) -> None:
     w, bias, x = _case()
     layer = cls(w, bias)
-    ref = (_reference_q8 if cls is Q8Linear else _reference_low)(x, layer) + bias.double()
+    ref = REFERENCES[cls](x, layer) + bias.double()
     got = layer(x).double()
     assert torch.allclose(got, ref, rtol=1e-5, atol=1e-4), (got - ref).abs().max()
     # and the quantized product stays near the float one
@@ -180,14 +214,14 @@ def test_leading_dims_dtype_and_bad_shapes() -> None:
         Q8Linear(torch.randn(4, 40), None)
     with pytest.raises(RuntimeError, match=r"records must be uint8 \[ceil\(N/8\), K/32, 272\]"):
         layer.kernels.lowbit_linear(torch.randn(2, 64), [layer.records], [0], [70], None, None)
-    with pytest.raises(RuntimeError, match=r"kind must be 0 \(q8\), 1 \(q4\), 2 \(q5\)"):
-        layer.kernels.lowbit_linear(x, [layer.records], [3], [70], None, None)
+    with pytest.raises(RuntimeError, match=r"kind must be 0 \(q8\), 1 \(q4\), 2 \(q5\), 3 \(q6\)"):
+        layer.kernels.lowbit_linear(x, [layer.records], [4], [70], None, None)
     # a part that ends mid-tile would write into the next part's outputs
     with pytest.raises(RuntimeError, match="only the last part may end mid-tile"):
         layer.kernels.lowbit_linear(x, [layer.records] * 2, [0, 0], [70, 70], None, None)
 
 
-@pytest.mark.parametrize("cls", [Q8Linear, Q4Linear, Q5Linear])
+@pytest.mark.parametrize("cls", list(BLOCKS))
 def test_output_into_a_callers_buffer(cls: type) -> None:
     # the engine's logits buffer: the same bits, written in place, nothing else touched
     w, bias, x = _case(m=5)
@@ -232,7 +266,7 @@ def test_fused_q_k_v_and_gate_up_give_the_same_bits() -> None:
     mixed.q, mixed.k, mixed.v = (
         lin(Q5Linear, 64, 96, True),
         lin(Q5Linear, 16, 96, True),
-        lin(Q8Linear, 16, 96, True),
+        lin(Q6Linear, 16, 96, True),  # the 1.5B's v is Q6_K beside Q4_K q and k
     )
     odd = nn.Module()
     odd.gate, odd.up = lin(Q8Linear, 70, 96, False), lin(Q8Linear, 40, 96, False)

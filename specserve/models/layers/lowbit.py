@@ -1,16 +1,17 @@
 """float32 linears on our own AVX2 low-bit kernels (ops/cpu/lowbit.cpp).
 
-The weights stay in blocks of 32 inputs in memory (q8: int8 + one scale, 1.0625 bytes per
-weight; q5: 5-bit + scale, 0.6875; q4: 4-bit + scale and low, 0.625; scales are float16, as
-in GGUF), stored as the kernel's records of 8 outputs x one block (see `steps`), so a decode
-step reads under a third of float32's bytes in one sequential stream. The kernel quantizes
-each activation row to int8 per block and runs the block dot products on integers, as
-llama.cpp does on CPUs. A row's result never depends on the other rows of the call (the
-kernel's design; tests/models/test_lowbit.py), so these layers are batch-invariant as they
+The weights stay in blocks of 32 inputs in memory (q8: int8 + one scale, 1.0625 bytes per weight;
+q6: 6-bit + an int8 scale per 16 and a scale, 0.875; q5: 5-bit + scale, 0.6875; q4: 4-bit + scale
+and low, 0.625; scales are float16, as in GGUF), stored as the kernel's records of 8 outputs x one
+block (see `steps`), so a decode step reads under a third of float32's bytes in one sequential
+stream. The kernel quantizes each activation row to int8 per block and runs the block dot products
+on integers, as llama.cpp does on CPUs. A row's result never depends on the other rows of the call
+(the kernel's design; tests/models/test_lowbit.py), so these layers are batch-invariant as they
 stand.
 
 From a GGUF, Q8_0 (on q8) and Q5_0 (on q5) weights come back exactly: the requantization
-finds their (float16) scales again. Other types are re-quantized from their float32 values.
+finds their (float16) scales again. Q4_K and Q6_K blocks become q4 and q6 records as they are
+(loading/q4k.py, loading/q6k.py). Other types are re-quantized from their float32 values.
 
 The kernels run on AVX-512 VNNI where the CPU has it and on AVX2 otherwise (`kernel_isa`;
 SPECSERVE_CPU_ISA=avx2 forces AVX2); both give the same bits.
@@ -114,6 +115,39 @@ def q5_blocks(w: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return pack_nibbles(q & 15), fifth, scale, low
 
 
+SUB = 16  # inputs per q6 sub-scale (GGUF Q6_K's sub-blocks)
+
+
+def int6_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w: [N, K] -> q: [N, K] int32 in 0..63, d: [N, K/32] float16 values, sc: [N, K/16] int8
+    (w ~ d * sc * (q - 32)): Q6_K's form with a block of 32 where it has 256. Each 16 inputs'
+    step s = max|w| / 31 becomes d * sc, d (rounded up) giving the larger one sc = 127."""
+    n, k = w.shape
+    sub = w.float().view(n, k // GROUP, 2, SUB)
+    step = sub.abs().amax(dim=-1) / 31  # [N, K/32, 2]
+    d = half_values(step.amax(dim=-1) / 127, "up")
+    sc = torch.round(step / _safe(d)[..., None]).clamp(0, 127)
+    q = torch.round(sub / _safe(d[..., None] * sc)[..., None]).clamp(-32, 31) + 32
+    return q.to(torch.int32).view(n, k), d, sc.to(torch.int8).view(n, k // SUB)
+
+
+def top_planes(q: torch.Tensor) -> torch.Tensor:
+    """q: [N, K] in 0..63 -> [T, K/32, 64] uint8, the top 2 bits: in plane h (bytes 32h..),
+    bits 2j, 2j+1 of byte i are step 4h+j's byte i's."""
+    s = steps((q >> 4).to(torch.uint8))  # [T, nb, 8, 32]
+    shift = (2 * torch.arange(4, dtype=torch.uint8))[:, None]
+    planes = [(s[:, :, 4 * h : 4 * h + 4] << shift).sum(2, dtype=torch.uint8) for h in (0, 1)]
+    return torch.cat(planes, dim=-1)
+
+
+def top_bits_from_planes(planes: torch.Tensor, n: int) -> torch.Tensor:
+    """The inverse of top_planes: [N, K] int64 in 0..3."""
+    t, nb = planes.shape[:2]
+    shift = (2 * torch.arange(4))[:, None]
+    by_half = planes.view(t, nb, 2, 1, GROUP).long() >> shift  # [T, nb, 2, 4, 32]
+    return unsteps((by_half & 3).view(t, nb, GROUP // STEP, -1), n)
+
+
 # The kernel's records (ops/cpu/lowbit.cpp): per tile of 8 outputs and block of 32 inputs,
 # stored [tile][block][record], N padded with zero outputs. A record's fields, in order:
 #   q8: scale[8] float16, weights[8 steps][8 outputs][4] int8                 272 bytes
@@ -121,6 +155,8 @@ def q5_blocks(w: torch.Tensor) -> tuple[torch.Tensor, ...]:
 #       one [8 outputs][4] byte array each                                   160 bytes
 #   q5: scale[8] float16, q4's nibble arrays, then the fifth bits: bit j of byte i is
 #       step j's byte i (low = -16 scale is implied: the kernel subtracts 16)  176 bytes
+#   q6: d[8] float16, sc[2][8] int8 (steps 0-3, then 4-7), q4's nibble arrays for the low
+#       4 bits, then top_planes (the top 2 bits)                              224 bytes
 
 
 def tiled(t: torch.Tensor) -> torch.Tensor:
@@ -332,6 +368,45 @@ class Q5Linear(LowbitLinear):
         fifth = fifth_bits_from_plane(r[..., -GROUP:], n).to(torch.uint8)
         scale = field_values(r, 0, n)
         return pack_nibbles(nibbles), fifth.view(n, -1, GROUP), scale, -16 * scale
+
+
+class Q6Linear(LowbitLinear):
+    """GGUF Q6_K's own values: w = d * sc * (q - 32), q 0..63, an int8 sc per 16 inputs.
+    0.875 bytes per weight (Q6_K: 0.82; these tensors ran on q8's 1.0625 before)."""
+
+    KIND = 3
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.check_in_features(weight)
+        q, d, sc = int6_groups(weight)
+        super().__init__(self.records_of(q, d, sc), weight.shape[0], weight.shape[1], bias)
+
+    @staticmethod
+    def records_of(q: torch.Tensor, d: torch.Tensor, sc: torch.Tensor) -> torch.Tensor:
+        """q [N, K] in 0..63, d [N, K/32] holding float16 values, sc [N, K/16] int8 -> records."""
+        n, k = q.shape
+        sub = as_bytes(tiled(sc.to(torch.int8).view(n, k // GROUP, 2)).transpose(2, 3))
+        fields = [*scale_fields(d), sub, nibble_steps(q & 15), top_planes(q)]
+        return torch.cat(fields, dim=-1)
+
+    @classmethod
+    def from_groups(
+        cls, q: torch.Tensor, d: torch.Tensor, sc: torch.Tensor, bias: torch.Tensor | None
+    ) -> Q6Linear:
+        """A layer of these values as given (GGUF Q6_K's: loading/q6k.py); d must be float16
+        values (Q6_K's are), so nothing is rounded."""
+        records = cls.records_of(q, half_values(d), sc)
+        return cast(Q6Linear, cls.from_records(records, q.shape[0], q.shape[1], bias))
+
+    def blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q [N, K] int32, d [N, K/32], sc [N, K/16] int8) back from the records."""
+        n, r = self.out_features, self.records
+        t, nb = r.shape[:2]
+        sub = r[..., FIELD : 2 * FIELD].contiguous().view(torch.int8).view(t, nb, 2, TILE)
+        sc = untiled(sub.transpose(2, 3), n).reshape(n, -1)
+        low = nibbles_from_steps(r[..., 2 * FIELD : -2 * GROUP], n)
+        q = low + 16 * top_bits_from_planes(r[..., -2 * GROUP :], n)
+        return q.to(torch.int32), field_values(r, 0, n), sc.contiguous()
 
 
 class FusedLowbit(LowbitCall):

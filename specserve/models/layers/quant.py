@@ -1,8 +1,8 @@
 """Weight-only quantized linear layers, swapped in by module.
 
 Two families of kernels:
-- ours (layers/lowbit.py, AVX2, float32 activations): int8, int5 and int4 in blocks of 32
-  inputs. Used whenever the compute dtype is float32 on CPU and the kernels build (the default).
+- ours (layers/lowbit.py, AVX2, float32 activations): int8, int6, int5 and int4 in blocks of
+  32 inputs. Used whenever the compute dtype is float32 on CPU and the kernels build (the default).
 - torch's, for bf16 compute or where ours cannot build: int8 with one scale per output
   channel (`aten._weight_int8pack_mm`), int4 with one scale and zero per group of 32
   (`aten._weight_int4pack_mm_for_cpu`). Both take bf16 activations (they are several times
@@ -11,8 +11,8 @@ Linears swap in by module, as in gpt-fast's quantize.py: `swap_linears` on a bui
 model, or, when loading (loading/convert.py), `quantize_weight` on each weight as it arrives.
 
 GGUF weights arrive dequantized to float32 and are re-quantized here: exact for Q8_0 on int8
-and Q5_0 on int5 (tests/models/test_lowbit.py), close for Q4_K's (scale, min) groups of 32 on
-int4, approximate for the others.
+and Q5_0 on int5 (tests/models/test_lowbit.py), approximate for the others. (Q4_K and Q6_K
+blocks skip this on our kernels: loading/convert.py.)
 """
 
 from __future__ import annotations
@@ -20,18 +20,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specserve.models.layers.lowbit import Q4Linear, Q5Linear, Q8Linear, int4_groups
+from specserve.models.layers.lowbit import Q4Linear, Q5Linear, Q6Linear, Q8Linear, int4_groups
 
 GROUP = 32
-WEIGHT_MODES = ("auto", "dequant", "int8", "int5", "int4")
+WEIGHT_MODES = ("auto", "dequant", "int8", "int6", "int5", "int4")
 
 # GGUF tensor type -> the kernel `--weights auto` picks: 4-bit formats run on int4, Q5_0 on
-# int5 (the same symmetric blocks: exact), the other 5- to 8-bit ones on int8 (fewer bits
-# would drop some of every weight), float ones stay float.
+# int5 (the same symmetric blocks: exact), Q6_K on int6 (its own values: exact), the other
+# 5- to 8-bit ones on int8 (fewer bits would drop some of every weight), float ones stay float.
 _AUTO = {
     **dict.fromkeys(("Q4_0", "Q4_1", "Q4_K", "IQ4_NL", "IQ4_XS"), "int4"),
     "Q5_0": "int5",
-    **dict.fromkeys(("Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_1", "Q8_K"), "int8"),
+    "Q6_K": "int6",
+    **dict.fromkeys(("Q5_1", "Q5_K", "Q8_0", "Q8_1", "Q8_K"), "int8"),
 }
 
 
@@ -90,13 +91,19 @@ class Int4Linear(nn.Module):
         return y.reshape(*shape[:-1], -1).to(x.dtype)
 
 
-# torch has no 5-bit kernel: under bf16, int5 runs on its int8 one
+# torch has no 5- or 6-bit kernel: under bf16, int5 and int6 run on its int8 one
 _TORCH_KERNELS: dict[str, type[nn.Module]] = {
     "int8": Int8Linear,
+    "int6": Int8Linear,
     "int5": Int8Linear,
     "int4": Int4Linear,
 }
-_LOWBIT_KERNELS: dict[str, type[nn.Module]] = {"int8": Q8Linear, "int5": Q5Linear, "int4": Q4Linear}
+_LOWBIT_KERNELS: dict[str, type[nn.Module]] = {
+    "int8": Q8Linear,
+    "int6": Q6Linear,
+    "int5": Q5Linear,
+    "int4": Q4Linear,
+}
 
 
 def quantize_weight(

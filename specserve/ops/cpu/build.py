@@ -2,12 +2,11 @@
 block.cpp, which chains them into a decoder block) on first use and cache the library under
 ~/.cache/specserve/ext.
 
-The kernels need AVX2 + FMA (and F16C, which every AVX2 CPU has) and a C++ compiler (gcc is
-on every machine this project targets). `load()` raises a SpecserveError that says which of
-the two is missing, so
-`--weights int8/int5/int4/auto` fails with a reason instead of a stack trace; callers that can
-fall back ask `available()` first. lowbit_vnni.cpp is compiled for AVX-512 VNNI whatever the
-CPU (its own `#pragma GCC target`) and runs only where the CPU has it.
+The kernels need AVX2 + FMA (and F16C, which every AVX2 CPU has) and a C++ compiler (gcc is on every
+machine this project targets). `load()` raises a SpecserveError that says which of the two is
+missing, so `--weights int8/int6/int5/int4/auto` fails with a reason instead of a stack trace;
+callers that can fall back ask `available()` first. lowbit_vnni.cpp is compiled for AVX-512 VNNI
+whatever the CPU (its own `#pragma GCC target`) and runs only where the CPU has it.
 """
 
 from __future__ import annotations

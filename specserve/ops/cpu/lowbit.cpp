@@ -4,6 +4,7 @@
 //   q8: W = s * q,        q int8,  one scale per block (GGUF Q8_0's own layout)
 //   q4: W = s * q + low,  q 0..15, one scale and low per block
 //   q5: W = s * (q - 16), q 0..31, one scale per block (GGUF Q5_0's own layout)
+//   q6: W = d * sc * (q - 32), q 0..63, an int8 sc per 16 inputs (GGUF Q6_K's own values)
 //
 // Why a kernel of our own: one decode step reads every weight once, so its time is weight
 // bytes / memory bandwidth. torch's float32 path reads 4 bytes per weight; its int8/int4 CPU
@@ -24,6 +25,9 @@
 //       array i, step 2i+1 in its high nibbles                            160 bytes
 //   q5: half s[8]; q4's nibble arrays; uint8 fifth[32]: bit j of byte i is step j's
 //       byte i                                                            176 bytes
+//   q6: half d[8]; int8 sc[2][8] (steps 0-3, 4-7); q4's nibble arrays for the low
+//       4 bits; uint8 top[2][32]: bits 2j, 2j+1 of top[h]'s byte i are the top 2 bits
+//       of step 4h+j's byte i                                             224 bytes
 // A step is 4 consecutive inputs of each of the 8 outputs: one 256-bit vector whose 32-bit
 // lane o is output o. Multiplied by x's 4 bytes broadcast to every lane, maddubs + madd
 // leave output o's 4-input dot in lane o, so the 8 outputs' block dots add up vertically in
@@ -62,31 +66,49 @@ namespace {
 using lowbit::SCALES;
 
 // x quantized per row in blocks of 32: x ~ d * q; `isum` = sum(q), for q5's offset, and
-// `sum` = d * sum(q), for q4's low term; `u` = q + 128 for the VNNI q8 path. Buffers are per
-// calling thread and reused, so a call allocates nothing but y.
+// `sum` = d * sum(q), for q4's low term; `pairs`, q6's offset (q6_offsets); `u` = q + 128
+// for the VNNI q8 path. Buffers are per calling thread and reused, so a call allocates
+// nothing but y.
 struct QuantRows {
   std::vector<int8_t> q;
   std::vector<uint8_t> u;
   std::vector<float> d, sum;
-  std::vector<int32_t> isum;
+  std::vector<int32_t> isum, pairs;
   int64_t nblocks = 0;
   XRows view() const {
-    return XRows{q.data(), u.empty() ? nullptr : u.data(), d.data(), sum.data(), isum.data(),
-                 nblocks};
+    return XRows{q.data(),   u.empty() ? nullptr : u.data(), d.data(), sum.data(),
+                 isum.data(), pairs.data(),                   nblocks};
   }
 };
+
+// q6's offset for one block of q: per half h (16 inputs, steps 4h..4h+3), 32 times the sums
+// of the inputs each 16-bit lane of a step's maddubs meets (even lanes: inputs 4s, 4s+1; odd:
+// 4s+2, 4s+3), as two int16 in one int32. The q6 dots multiply unsigned q (0..63) and take
+// these off, which is the product with q - 32 (|32 * sum| <= 32 * 8 * 127 fits 16 bits).
+void q6_offsets(const int8_t* q, int32_t* out) {
+  for (int h = 0; h < 2; ++h) {
+    int even = 0, odd = 0;
+    for (int s = 4 * h; s < 4 * h + 4; ++s) {
+      even += q[4 * s] + q[4 * s + 1];
+      odd += q[4 * s + 2] + q[4 * s + 3];
+    }
+    const uint32_t lo = static_cast<uint16_t>(32 * even), hi = static_cast<uint16_t>(32 * odd);
+    out[h] = static_cast<int32_t>(lo | (hi << 16));
+  }
+}
 
 const QuantRows& quantize_rows(const torch::Tensor& x, bool with_u) {
   thread_local QuantRows r;
   const int64_t M = x.size(0), K = x.size(1), nb = K / BLOCK;
   r.q.resize(M * K), r.d.resize(M * nb), r.sum.resize(M * nb), r.isum.resize(M * nb);
+  r.pairs.resize(2 * M * nb);
   r.u.resize(with_u ? M * K : 0);
   r.nblocks = nb;
   const float* xp = x.data_ptr<float>();
   int8_t* qp = r.q.data();
   uint8_t* up = with_u ? r.u.data() : nullptr;
   float *dp = r.d.data(), *sp = r.sum.data();
-  int32_t* ip = r.isum.data();
+  int32_t *ip = r.isum.data(), *pp = r.pairs.data();
   at::parallel_for(0, M * nb, 256, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const float* v = xp + i * BLOCK;
@@ -103,6 +125,7 @@ const QuantRows& quantize_rows(const torch::Tensor& x, bool with_u) {
       dp[i] = d;
       sp[i] = d * static_cast<float>(sum);
       ip[i] = sum;
+      q6_offsets(qp + i * BLOCK, pp + 2 * i);
     }
   });
   return r;
@@ -211,8 +234,8 @@ constexpr int VNNI_ROWS = 8;
 // walks its tiles (a tile's records are read once per chunk)
 constexpr int64_t CHUNK_BYTES = 256 * 1024;
 
-// One weight matrix of a call: its kind (0 q8, 1 q4, 2 q5), records and outputs. A call may
-// run several that read the same x (q/k/v, gate/up) side by side, of different kinds: x is
+// One weight matrix of a call: its kind (0 q8, 1 q4, 2 q5, 3 q6), records and outputs. A call
+// may run several that read the same x (q/k/v, gate/up) side by side, of different kinds: x is
 // quantized once and all their tiles share one parallel region.
 struct Part {
   int64_t kind;
@@ -220,8 +243,8 @@ struct Part {
   int64_t tiles, tile_bytes, n0;  // n0: its first output column in y
 };
 
-constexpr int64_t KINDS = 3;
-constexpr int64_t RECORD_BYTES[KINDS] = {Q8::RECORD, Q4::RECORD, Q5::RECORD};
+constexpr int64_t KINDS = 4;
+constexpr int64_t RECORD_BYTES[KINDS] = {Q8::RECORD, Q4::RECORD, Q5::RECORD, Q6::RECORD};
 
 void tile_rows(bool vnni, const Part& p, int64_t t, const XRows& x, int64_t m0, int64_t m1,
                int64_t n_out, float* y, const float* bias) {
@@ -278,7 +301,8 @@ void check_args(const torch::Tensor& x, int64_t n_out, const c10::optional<torch
 // fill whole tiles (a padded tile would write into the next part's columns).
 Part make_part(const torch::Tensor& records, int64_t kind, int64_t n, int64_t n0, bool last,
                int64_t K) {
-  TORCH_CHECK(kind >= 0 && kind < KINDS, "lowbit linear: kind must be 0 (q8), 1 (q4), 2 (q5)");
+  TORCH_CHECK(kind >= 0 && kind < KINDS,
+              "lowbit linear: kind must be 0 (q8), 1 (q4), 2 (q5), 3 (q6)");
   const int64_t bytes = RECORD_BYTES[kind];
   TORCH_CHECK(records.scalar_type() == torch::kUInt8 && records.is_contiguous() &&
                   records.dim() == 3 && records.size(0) * TILE >= n &&

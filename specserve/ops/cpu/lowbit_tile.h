@@ -39,6 +39,7 @@ struct XRows {
   const float* d;       // [M, K/32]
   const float* sum;     // d * sum(q) per block: q4's low term
   const int32_t* isum;  // sum(q) per block: q5's offset term
+  const int32_t* pairs;  // [M, K/32, 2]: q6's offset per 16 inputs (q6_offsets)
   int64_t nblocks;
 };
 
@@ -59,6 +60,16 @@ struct Q5Layout {
   static constexpr int64_t RECORD = PLANE + 32;
   static constexpr bool has_low = false;
   static constexpr int32_t offset = 16;
+};
+// q6 (GGUF Q6_K's own values): w = d * sc * (q - 32), q 0..63, an int8 sc per 16 inputs
+// (steps 0-3 and 4-7 of a block) and d per output; the low 4 bits as q4's nibble arrays,
+// the top 2 in two planes (plane h: bits 2j, 2j+1 of byte i are step 4h+j's byte i).
+struct Q6Layout {
+  static constexpr int64_t SUBSCALES = SCALES;         // int8 sc[2][8]
+  static constexpr int64_t WEIGHTS = 2 * SCALES;       // the nibble arrays
+  static constexpr int64_t PLANES = WEIGHTS + TILE * BLOCK / 2;
+  static constexpr int64_t RECORD = PLANES + 64;
+  static constexpr bool has_low = false;
 };
 
 // Rows m0..m1 of tile `t` of one matrix of `kind` with the AVX-512 VNNI kinds (defined in
@@ -123,6 +134,67 @@ LOWBIT_INLINE void q5_offset(const XRows& x, const int64_t* idx, __m256i* d) {
     d[r] = _mm256_sub_epi32(d[r], _mm256_set1_epi32(lowbit::Q5Layout::offset * x.isum[idx[r]]));
 }
 
+// The top 2 bits of step 4h+J's bytes (bits 2J, 2J+1 of plane h) moved to bits 4-5.
+template <int J>
+LOWBIT_INLINE __m256i top2(__m256i plane) {
+  const __m256i mask = _mm256_set1_epi8(0x30);
+  // 16-bit shifts: what crosses into the other byte of a lane lands outside bits 4-5
+  if constexpr (J < 2) return _mm256_and_si256(_mm256_slli_epi16(plane, 4 - 2 * J), mask);
+  else if constexpr (J == 2) return _mm256_and_si256(plane, mask);
+  else return _mm256_and_si256(_mm256_srli_epi16(plane, 2 * J - 4), mask);
+}
+
+// 8 int8 sub-scales at p as 32-bit lanes holding the scale in both 16-bit halves, so that
+// madd(s, pairs) gives each output sc * (its two 16-bit sums)
+LOWBIT_INLINE __m256i scale_pairs(const uint8_t* p) {
+  const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_blend_epi16(v, _mm256_slli_epi32(v, 16), 0xAA);
+}
+
+// Step S's weights (q, 0..63, unsigned as maddubs wants them) times R rows of x, added into
+// 16-bit sums. A product pair is <= 2 * 63 * 127 (no saturation); four steps' sums may wrap,
+// but once q6's offset is taken off (q6_offsets) the true value, |sum((q - 32) x)| <=
+// 8 * 32 * 127, fits 16 bits, so wrapping arithmetic gives it exactly.
+template <int S, int R>
+LOWBIT_INLINE void q6_step(__m256i nib, __m256i plane, const XRows& x, const int64_t* idx,
+                           __m256i* s) {
+  const __m256i w = _mm256_or_si256(nib, top2<S % 4>(plane));
+  for (int r = 0; r < R; ++r)
+    s[r] = _mm256_add_epi16(s[r], _mm256_maddubs_epi16(w, broadcast4(x.q + idx[r] * BLOCK, S)));
+}
+
+// AVX2 instructions only, so the AVX2 and VNNI files both run these dots (same integers).
+// dot = sc_0 * (steps 0-3's dot) + sc_1 * (steps 4-7's): |dot| <= 2 * 128 * 16 * 32 * 127
+// < 2^24, exact in float32.
+struct Q6 : lowbit::Q6Layout {
+  template <int H, int R>
+  static LOWBIT_INLINE void half(const uint8_t* rec, const XRows& x, const int64_t* idx,
+                                 __m256i* d) {
+    const __m256i plane = load(rec + PLANES + 32 * H);
+    __m256i s[R];
+    for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_si256();
+    __m256i lo, hi;
+    nibble_pair(rec + WEIGHTS, 2 * H, lo, hi);
+    q6_step<4 * H, R>(lo, plane, x, idx, s);
+    q6_step<4 * H + 1, R>(hi, plane, x, idx, s);
+    nibble_pair(rec + WEIGHTS, 2 * H + 1, lo, hi);
+    q6_step<4 * H + 2, R>(lo, plane, x, idx, s);
+    q6_step<4 * H + 3, R>(hi, plane, x, idx, s);
+    const __m256i sc = scale_pairs(rec + SUBSCALES + TILE * H);
+    for (int r = 0; r < R; ++r) {
+      const __m256i off = _mm256_set1_epi32(x.pairs[2 * idx[r] + H]);  // 32 * x's pair sums
+      d[r] = _mm256_add_epi32(d[r], _mm256_madd_epi16(_mm256_sub_epi16(s[r], off), sc));
+    }
+  }
+  template <int R>
+  static LOWBIT_INLINE void dots(const uint8_t* rec, const XRows& x, const int64_t* idx,
+                                 __m256i* d) {
+    for (int r = 0; r < R; ++r) d[r] = _mm256_setzero_si256();
+    half<0, R>(rec, x, idx, d);
+    half<1, R>(rec, x, idx, d);
+  }
+};
+
 // y[m0 .. m0+R, n0 .. n0+8) from one tile's records; row r's 8 outputs are one __m256.
 // W::dots gives the exact int32 block dots of the record's 8 outputs with R rows' blocks
 // (`idx`: each row's block index in x).
@@ -169,14 +241,16 @@ LOWBIT_INLINE void rows(const uint8_t* records, const XRows& x, int64_t m_begin,
   }
 }
 
-// One tile of a matrix of `kind` (0 q8, 1 q4, 2 q5), up to ROWS rows sharing each record read.
+// One tile of a matrix of `kind` (0 q8, 1 q4, 2 q5, 3 q6), up to ROWS rows sharing each record
+// read.
 template <int ROWS, class Q8, class Q4, class Q5>
 LOWBIT_INLINE void kind_rows(int64_t kind, const uint8_t* rec, const XRows& x, int64_t m0,
                              int64_t m1, int64_t n0, int64_t n_out, float* y, const float* bias) {
   switch (kind) {
     case 0: return rows<ROWS, Q8>(rec, x, m0, m1, n0, n_out, y, bias);
     case 1: return rows<ROWS, Q4>(rec, x, m0, m1, n0, n_out, y, bias);
-    default: return rows<ROWS, Q5>(rec, x, m0, m1, n0, n_out, y, bias);
+    case 2: return rows<ROWS, Q5>(rec, x, m0, m1, n0, n_out, y, bias);
+    default: return rows<ROWS, Q6>(rec, x, m0, m1, n0, n_out, y, bias);
   }
 }
 

@@ -114,5 +114,5 @@ struct Q5 : lowbit::Q5Layout {
 
 void lowbit::vnni_tile_rows(int64_t kind, const uint8_t* records, const XRows& x, int64_t m0,
                             int64_t m1, int64_t n0, int64_t n_out, float* y, const float* bias) {
-  kind_rows<ROWS, Q8, Q4, Q5>(kind, records, x, m0, m1, n0, n_out, y, bias);
+  kind_rows<ROWS, Q8, Q4, Q5>(kind, records, x, m0, m1, n0, n_out, y, bias);  // Q6: the shared AVX2 dots
 }
