@@ -66,9 +66,9 @@ def _load_both(
     """(the model as loaded before QuantizedEmbedding: both tables dequantized whole and
     the head quantized in one piece; the model as loaded now, in chunks of CHUNK rows)."""
     kwargs = dict(with_tokenizer=False, weights=weights, prepack=prepack)
-    # Q4_K's blocks taken as they are (tests/loading/test_q4k.py) is another change: off here
+    # Q4_K and Q6_K blocks taken as they are (test_q4k.py, test_q6k.py): another change, off here
     monkeypatch.setattr(gguf_loading, "RAW_TYPES", ())
-    monkeypatch.setattr(convert, "NATIVE_TYPES", ())
+    monkeypatch.setattr(convert, "NATIVE_TYPES", {})
     with monkeypatch.context() as m:
         m.setattr(gguf_loading, "RAW_TABLES", ())
         before = load_model(path, dtype, **kwargs).model  # type: ignore[arg-type]

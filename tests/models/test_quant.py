@@ -56,7 +56,7 @@ def test_int4_uses_groupwise_min_max_weights() -> None:
         ("Q4_K", "int4"),
         ("Q5_0", "int5"),
         ("Q5_K", "int8"),
-        ("Q6_K", "int8"),
+        ("Q6_K", "int6"),
         ("Q8_0", "int8"),
         ("F32", None),
     ],
