@@ -1,12 +1,11 @@
-"""GGUF Q4_K blocks read as the low-bit kernels' q4 fields, with no requantization.
+"""GGUF Q4_K blocks read as the low-bit kernels' q4k fields, with no requantization.
 
 Q4_K holds 256 weights per super-block: a float16 d and dmin, 8 sub-blocks of 32 weights
 with a 6-bit scale sc and min m each (12 packed bytes), and the 4-bit values q (128 bytes):
-w = d * sc * q - dmin * m. A sub-block is exactly a q4 block of ours (q 0..15, one scale and
-one low per 32 weights): scale = d * sc, low = -dmin * m. Dequantizing to float32 and
-quantizing again by min/max lost this: on Qwen2.5-Coder-1.5B's ffn_gate 99 % of the blocks
-came back with other values (mean error 2.3 % of mean |w|). Here q is kept exactly; only
-scale and low are rounded to the records' float16 (relative error <= 2^-11).
+w = d * sc * q - dmin * m. Our q4k records hold these fields as they are (q4k_fields), so the
+weights are the file's. Dequantizing to float32 and quantizing again by min/max lost this: on
+Qwen2.5-Coder-1.5B's ffn_gate 99 % of the blocks came back with other values (mean error
+2.3 % of mean |w|).
 
 The layout follows ggml's block_q4_K (ggml-common.h) and its get_scale_min_k4.
 """
@@ -32,20 +31,20 @@ def _scales_mins(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat([sc_lo, sc_hi], -1), torch.cat([m_lo, m_hi], -1)
 
 
-def q4k_groups(data: torch.Tensor, cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Q4_K rows (uint8 [rows, bytes]) -> q [rows, cols] int32 in 0..15, scale and low
-    [rows, cols / 32] float32, with w = q * scale + low exactly as the gguf package
-    dequantizes (scale = d * sc and dmin * m in float32, as it computes them)."""
+def q4k_fields(
+    data: torch.Tensor, cols: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_K rows (uint8 [rows, bytes]) -> q [rows, cols] int32 in 0..15, sc and m
+    [rows, cols / 32] int32 in 0..63, d and dmin [rows, cols / 256] float32 (float16 values):
+    w = d * sc * q - dmin * m, the file's own fields."""
     rows = data.shape[0]
     if cols % SUPER or data.shape[1] != cols // SUPER * BYTES:
         raise ValueError(f"not Q4_K rows of {cols} weights: {tuple(data.shape)}")
     b = data.reshape(rows, cols // SUPER, BYTES)
-    d = b[..., 0:2].contiguous().view(torch.float16).float()  # [rows, supers, 1]
-    dmin = b[..., 2:4].contiguous().view(torch.float16).float()
+    d = b[..., 0:2].contiguous().view(torch.float16).float().reshape(rows, -1)
+    dmin = b[..., 2:4].contiguous().view(torch.float16).float().reshape(rows, -1)
     sc, m = _scales_mins(b[..., 4:16])
-    scale = (d * sc.float()).reshape(rows, -1)
-    low = -(dmin * m.float()).reshape(rows, -1)
     # 4 runs of 32 bytes; run i holds sub-block 2i in its low nibbles, 2i + 1 in its high
     qs = b[..., 16:].reshape(rows, cols // SUPER, 4, 1, 32).to(torch.int32)
     q = torch.cat([qs & 15, qs >> 4], dim=3).reshape(rows, cols)
-    return q, scale, low
+    return q, sc.reshape(rows, -1), m.reshape(rows, -1), d, dmin

@@ -10,6 +10,7 @@ import torch
 
 from specserve.models.layers.lowbit import (
     GROUP,
+    Q4KLinear,
     Q4Linear,
     Q5Linear,
     Q6Linear,
@@ -214,8 +215,10 @@ def test_leading_dims_dtype_and_bad_shapes() -> None:
         Q8Linear(torch.randn(4, 40), None)
     with pytest.raises(RuntimeError, match=r"records must be uint8 \[ceil\(N/8\), K/32, 272\]"):
         layer.kernels.lowbit_linear(torch.randn(2, 64), [layer.records], [0], [70], None, None)
-    with pytest.raises(RuntimeError, match=r"kind must be 0 \(q8\), 1 \(q4\), 2 \(q5\), 3 \(q6\)"):
-        layer.kernels.lowbit_linear(x, [layer.records], [4], [70], None, None)
+    with pytest.raises(
+        RuntimeError, match=r"kind must be 0 \(q8\), 1 \(q4\), 2 \(q5\), 3 \(q6\), 4 \(q4k\)"
+    ):
+        layer.kernels.lowbit_linear(x, [layer.records], [5], [70], None, None)
     # a part that ends mid-tile would write into the next part's outputs
     with pytest.raises(RuntimeError, match="only the last part may end mid-tile"):
         layer.kernels.lowbit_linear(x, [layer.records] * 2, [0, 0], [70, 70], None, None)
@@ -336,3 +339,73 @@ def test_the_environment_can_ask_for_avx2() -> None:
     env = {**os.environ, "SPECSERVE_CPU_ISA": "avx2"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "avx2", out.stderr
+
+
+def _q4k_layer(n: int = 70, k: int = 512, seed: int = 0, bias: bool = True) -> Q4KLinear:
+    """Random GGUF Q4_K fields (every q level, 6-bit sc and m) as a q4k layer."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), generator=g)
+    sc, m = (torch.randint(0, 64, (n, k // GROUP), generator=g) for _ in range(2))
+    d, dmin = ((torch.rand(n, k // 256, generator=g) * 1e-3).half().float() for _ in range(2))
+    b = torch.randn(n, generator=g) if bias else None
+    return Q4KLinear.from_fields(q, sc, m, d, dmin, b)
+
+
+def _reference_q4k(x: torch.Tensor, layer: Q4KLinear) -> torch.Tensor:
+    """Exact integer block dots times sc, then d, dmin * m and x's block sums, in float64."""
+    qx, dx = _quantize_rows(x)
+    q, sc, m, d, dmin = (t.double() for t in layer.fields())
+    n, k = q.shape
+    dots = torch.einsum("mbj,nbj->mnb", qx.double(), q.view(n, k // GROUP, GROUP))
+    per_block = [t.repeat_interleave(8, dim=1) for t in (d, dmin)]  # [N, K/32]
+    scaled = dots * (per_block[0] * sc)[None] * dx.double()[:, None, :]
+    low = (per_block[1] * m)[None] * (qx.sum(-1) * dx).double()[:, None, :]
+    bias = layer.bias.double() if layer.bias is not None else 0
+    return (scaled - low).sum(-1) + bias
+
+
+def test_q4k_records_hold_the_fields() -> None:
+    layer = _q4k_layer(n=70, k=512)
+    assert layer.records.shape == (9, 2, 1184)  # 70 outputs: a padded last tile
+    again = Q4KLinear.from_fields(*layer.fields(), None)
+    assert torch.equal(again.records, layer.records)
+    with pytest.raises(RuntimeError, match=r"records must be uint8 \[ceil\(N/8\), K/256, 1184\]"):
+        layer.kernels.lowbit_linear(torch.randn(2, 256), [layer.records], [4], [70], None, None)
+
+
+def test_q4k_kernel_computes_the_quantized_arithmetic(isa: str) -> None:
+    layer = _q4k_layer()
+    x = torch.randn(9, 512, generator=torch.Generator().manual_seed(1))
+    got, ref = layer(x).double(), _reference_q4k(x, layer)
+    assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5), (got - ref).abs().max()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_q4k_rows_do_not_depend_on_the_rows_beside_them(threads: int, isa: str) -> None:
+    layer = _q4k_layer()
+    x = torch.randn(70, 512, generator=torch.Generator().manual_seed(2))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        full = layer(x)
+        for m in (1, 2, 3, 4, 5, 7, 8, 13, 33):
+            for start in (0, 1, 70 - m):
+                assert torch.equal(layer(x[start : start + m]), full[start : start + m]), (m, start)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_q4k_fuses_with_other_kinds() -> None:
+    # the 1.5B's attention: q and k Q4_K, v Q6_K, one call
+    from torch import nn
+
+    from specserve.models.layers.lowbit import fuse_lowbit
+
+    attn = nn.Module()
+    attn.q, attn.k = _q4k_layer(64, 256, seed=3), _q4k_layer(16, 256, seed=4, bias=False)
+    attn.v = Q6Linear(torch.randn(16, 256, generator=torch.Generator().manual_seed(5)), None)
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(6))
+    before = [attn.q(x), attn.k(x), attn.v(x)]
+    assert fuse_lowbit(attn) == 1
+    for got, want in zip([attn.q(x), attn.k(x), attn.v(x)], before, strict=True):
+        assert torch.equal(got, want)

@@ -116,6 +116,7 @@ def q5_blocks(w: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 SUB = 16  # inputs per q6 sub-scale (GGUF Q6_K's sub-blocks)
+SUPER = 256  # inputs per q4k record (GGUF Q4_K's super-blocks)
 
 
 def int6_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -157,6 +158,8 @@ def top_bits_from_planes(planes: torch.Tensor, n: int) -> torch.Tensor:
 #       step j's byte i (low = -16 scale is implied: the kernel subtracts 16)  176 bytes
 #   q6: d[8] float16, sc[2][8] int8 (steps 0-3, then 4-7), q4's nibble arrays for the low
 #       4 bits, then top_planes (the top 2 bits)                              224 bytes
+#   q4k: per tile and 256 inputs (8 blocks): d[8], dmin[8] float16, sc[8 blocks][8] and
+#       m[8 blocks][8] uint8, then each block's q4 nibble arrays              1184 bytes
 
 
 def tiled(t: torch.Tensor) -> torch.Tensor:
@@ -336,15 +339,6 @@ class Q4Linear(LowbitLinear):
         """q [N, K] in 0..15, scale and low [N, K/32] holding float16 values -> records."""
         return torch.cat([*scale_fields(scale, low), nibble_steps(q)], dim=-1)
 
-    @classmethod
-    def from_groups(
-        cls, q: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, bias: torch.Tensor | None
-    ) -> Q4Linear:
-        """A layer of w = q * scale + low as given (GGUF Q4_K's own values: loading/q4k.py),
-        scale and low rounded to the nearest float16, with no requantization of q."""
-        records = cls.records_of(q, half_values(scale), half_values(low))
-        return cast(Q4Linear, cls.from_records(records, q.shape[0], q.shape[1], bias))
-
     def blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(packed [N, K/2] uint8, scale, low [N, K/32]) back from the records."""
         n, r = self.out_features, self.records
@@ -407,6 +401,61 @@ class Q6Linear(LowbitLinear):
         low = nibbles_from_steps(r[..., 2 * FIELD : -2 * GROUP], n)
         q = low + 16 * top_bits_from_planes(r[..., -2 * GROUP :], n)
         return q.to(torch.int32), field_values(r, 0, n), sc.contiguous()
+
+
+class Q4KLinear(LowbitLinear):
+    """GGUF Q4_K's own values: w = d * sc * q - dmin * m, q 0..15, 6-bit sc and m per block of
+    32, d and dmin per 256 inputs. One record holds 8 outputs x 256 inputs, so d and dmin are
+    stored once per 8 blocks: 0.578 bytes per weight (Q4_K: 0.5625; q4, with a float16 scale
+    and low per block: 0.625), and the weights are the file's, where q4 rounds d * sc and
+    dmin * m to float16."""
+
+    KIND = 4
+
+    @staticmethod
+    def records_of(
+        q: torch.Tensor, sc: torch.Tensor, m: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor
+    ) -> torch.Tensor:
+        """q [N, K] in 0..15; sc, m [N, K/32] in 0..63; d, dmin [N, K/256] holding float16
+        values -> records [ceil(N/8), K/256, 1184]."""
+        n, k = q.shape
+        supers = k // SUPER
+
+        def per_super(t: torch.Tensor) -> torch.Tensor:  # [T, K/32, ...] -> [T, K/256, bytes]
+            return t.reshape(t.shape[0], supers, -1)
+
+        halves = [as_bytes(tiled(v.half())) for v in (d, dmin)]
+        ints = [per_super(as_bytes(tiled(v.to(torch.uint8)))) for v in (sc, m)]
+        return torch.cat([*halves, *ints, per_super(nibble_steps(q))], dim=-1)
+
+    @classmethod
+    def from_fields(
+        cls,
+        q: torch.Tensor,
+        sc: torch.Tensor,
+        m: torch.Tensor,
+        d: torch.Tensor,
+        dmin: torch.Tensor,
+        bias: torch.Tensor | None,
+    ) -> Q4KLinear:
+        """A layer of these values as given (loading/q4k.py q4k_fields)."""
+        records = cls.records_of(q, sc, m, half_values(d), half_values(dmin))
+        return cast(Q4KLinear, cls.from_records(records, q.shape[0], q.shape[1], bias))
+
+    def fields(self) -> tuple[torch.Tensor, ...]:
+        """(q [N, K], sc, m [N, K/32], d, dmin [N, K/256]) back from the records."""
+        n, r = self.out_features, self.records
+        t, supers = r.shape[:2]
+        d, dmin = field_values(r, 0, n), field_values(r, FIELD, n)
+        blocks = 2 * FIELD + 8 * TILE
+
+        def ints(at: int) -> torch.Tensor:
+            per_block = r[..., at : at + 8 * TILE].reshape(t, supers * 8, TILE)
+            return untiled(per_block, n).long()
+
+        weights = r[..., blocks + 8 * TILE :].reshape(t, supers * 8, -1)
+        q = nibbles_from_steps(weights, n)
+        return q, ints(2 * FIELD), ints(2 * FIELD + 8 * TILE), d, dmin
 
 
 class FusedLowbit(LowbitCall):

@@ -45,16 +45,19 @@ struct XRows {
 
 // Where each kind's fields sit in its record (models/layers/lowbit.py writes them).
 struct Q8Layout {
+  static constexpr int64_t INPUTS = BLOCK;  // x's inputs one record covers
   static constexpr int64_t WEIGHTS = SCALES;
   static constexpr int64_t RECORD = WEIGHTS + TILE * BLOCK;
   static constexpr bool has_low = false;
 };
 struct Q4Layout {
+  static constexpr int64_t INPUTS = BLOCK;  // x's inputs one record covers
   static constexpr int64_t WEIGHTS = 2 * SCALES;
   static constexpr int64_t RECORD = WEIGHTS + TILE * BLOCK / 2;
   static constexpr bool has_low = true;
 };
 struct Q5Layout {
+  static constexpr int64_t INPUTS = BLOCK;  // x's inputs one record covers
   static constexpr int64_t WEIGHTS = SCALES;
   static constexpr int64_t PLANE = WEIGHTS + TILE * BLOCK / 2;  // the fifth bits
   static constexpr int64_t RECORD = PLANE + 32;
@@ -65,11 +68,25 @@ struct Q5Layout {
 // (steps 0-3 and 4-7 of a block) and d per output; the low 4 bits as q4's nibble arrays,
 // the top 2 in two planes (plane h: bits 2j, 2j+1 of byte i are step 4h+j's byte i).
 struct Q6Layout {
+  static constexpr int64_t INPUTS = BLOCK;  // x's inputs one record covers
   static constexpr int64_t SUBSCALES = SCALES;         // int8 sc[2][8]
   static constexpr int64_t WEIGHTS = 2 * SCALES;       // the nibble arrays
   static constexpr int64_t PLANES = WEIGHTS + TILE * BLOCK / 2;
   static constexpr int64_t RECORD = PLANES + 64;
   static constexpr bool has_low = false;
+};
+
+// q4k (GGUF Q4_K's own values): w = d * sc * q - dmin * m, q 0..15, sc and m 6-bit integers per
+// block of 32, d and dmin per 256 inputs. One record covers a whole super-block of 256 inputs,
+// so d and dmin are stored once per 8 blocks (0.578 bytes per weight; q4 with float16 scale and
+// low per block: 0.625).
+struct Q4KLayout {
+  static constexpr int64_t INPUTS = 8 * BLOCK;
+  static constexpr int64_t DMIN = SCALES;                // half dmin[8] (after half d[8])
+  static constexpr int64_t SC = 2 * SCALES;              // uint8 sc[8 blocks][8 outputs]
+  static constexpr int64_t MINS = SC + 8 * TILE;         // uint8 m[8 blocks][8 outputs]
+  static constexpr int64_t WEIGHTS = MINS + 8 * TILE;    // q4's nibble arrays, 128 bytes a block
+  static constexpr int64_t RECORD = WEIGHTS + 8 * TILE * BLOCK / 2;
 };
 
 // Rows m0..m1 of tile `t` of one matrix of `kind` with the AVX-512 VNNI kinds (defined in
@@ -195,6 +212,19 @@ struct Q6 : lowbit::Q6Layout {
   }
 };
 
+// Row r's 8 outputs (acc[r]) into y, plus bias; a padded last tile writes only its real ones.
+template <int R>
+LOWBIT_INLINE void store_rows(const __m256* acc, int64_t m0, int64_t n0, int64_t n_out, float* y,
+                              const float* bias) {
+  const int64_t valid = n_out - n0 < TILE ? n_out - n0 : TILE;
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float out[TILE];
+    _mm256_store_ps(out, acc[r]);
+    float* row = y + (m0 + r) * n_out + n0;
+    for (int c = 0; c < valid; ++c) row[c] = out[c] + (bias ? bias[n0 + c] : 0.0f);
+  }
+}
+
 // y[m0 .. m0+R, n0 .. n0+8) from one tile's records; row r's 8 outputs are one __m256.
 // W::dots gives the exact int32 block dots of the record's 8 outputs with R rows' blocks
 // (`idx`: each row's block index in x).
@@ -221,13 +251,63 @@ LOWBIT_INLINE void tile(const uint8_t* records, const XRows& x, int64_t m0, int6
                                  acc[r]);
     }
   }
-  const int64_t valid = n_out - n0 < TILE ? n_out - n0 : TILE;
-  for (int r = 0; r < R; ++r) {
-    alignas(32) float out[TILE];
-    _mm256_store_ps(out, acc[r]);
-    float* row = y + (m0 + r) * n_out + n0;
-    for (int c = 0; c < valid; ++c) row[c] = out[c] + (bias ? bias[n0 + c] : 0.0f);
+  store_rows<R>(acc, m0, n0, n_out, y, bias);
+}
+
+// 8 uint8 values at p as 32-bit lanes
+LOWBIT_INLINE __m256i bytes_u32(const uint8_t* p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+
+// y[m0 .. m0+R, n0 .. n0+8) from one tile's q4k records (whole super-blocks of 256 inputs). Per
+// block: the exact int32 dot sc * sum(q q_x) (madd with sc in both halves of each lane, in place
+// of q4's madd with ones; |dot| <= 63 * 32 * 15 * 127 < 2^24), then acc = fma(dot, d * d_x,
+// acc) and acc = fma(-(dmin * m), d_x * sum(q_x), acc): the float steps of `tile` with d and
+// -(dmin * m) (exact in float32) for q4's scale and low.
+template <int R>
+LOWBIT_INLINE void q4k_tile(const uint8_t* records, const XRows& x, int64_t m0, int64_t n0,
+                            int64_t n_out, float* y, const float* bias) {
+  using L = lowbit::Q4KLayout;
+  const int64_t nb = x.nblocks;
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < nb / 8; ++sb) {
+    const uint8_t* rec = records + sb * L::RECORD;
+    for (int64_t off = 0; off < L::WEIGHTS; off += 64)  // the next record's scales
+      _mm_prefetch(reinterpret_cast<const char*>(rec + L::RECORD + off), _MM_HINT_T0);
+    const __m256 d = halves(rec), dmin = halves(rec + L::DMIN);
+    for (int b = 0; b < 8; ++b) {
+      const uint8_t* nib = rec + L::WEIGHTS + b * TILE * BLOCK / 2;
+      for (int64_t off = 0; off < TILE * BLOCK / 2; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(nib + lowbit::PREFETCH + off), _MM_HINT_T0);
+      int64_t idx[R];
+      for (int r = 0; r < R; ++r) idx[r] = (m0 + r) * nb + sb * 8 + b;
+      __m256i s[R];
+      for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_si256();
+      for (int i = 0; i < 4; ++i) {  // 8 steps of 2 products <= 15 * 127: fits 16 bits
+        const __m256i p = load(nib + 32 * i);
+        const __m256i lo = _mm256_and_si256(p, mask);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), mask);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* xr = x.q + idx[r] * BLOCK;
+          const __m256i a = _mm256_maddubs_epi16(lo, broadcast4(xr, 2 * i));
+          const __m256i c = _mm256_maddubs_epi16(hi, broadcast4(xr, 2 * i + 1));
+          s[r] = _mm256_add_epi16(s[r], _mm256_add_epi16(a, c));
+        }
+      }
+      const __m256i sc = bytes_u32(rec + L::SC + b * TILE);
+      const __m256i pairs = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
+      const __m256 m = _mm256_cvtepi32_ps(bytes_u32(rec + L::MINS + b * TILE));
+      const __m256 low = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(dmin, m));
+      for (int r = 0; r < R; ++r) {
+        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[r], pairs));
+        acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(d, _mm256_set1_ps(x.d[idx[r]])), acc[r]);
+        acc[r] = _mm256_fmadd_ps(low, _mm256_set1_ps(x.sum[idx[r]]), acc[r]);
+      }
+    }
   }
+  store_rows<R>(acc, m0, n0, n_out, y, bias);
 }
 
 // Rows m_begin..m_end of one tile, R rows at a time, the last group smaller (R-1 .. 1).
@@ -235,14 +315,19 @@ template <int R, class W>
 LOWBIT_INLINE void rows(const uint8_t* records, const XRows& x, int64_t m_begin, int64_t m_end,
                         int64_t n0, int64_t n_out, float* y, const float* bias) {
   int64_t m = m_begin;
-  for (; m + R <= m_end; m += R) tile<R, W>(records, x, m, n0, n_out, y, bias);
+  for (; m + R <= m_end; m += R) {
+    if constexpr (W::INPUTS == lowbit::Q4KLayout::INPUTS)
+      q4k_tile<R>(records, x, m, n0, n_out, y, bias);
+    else
+      tile<R, W>(records, x, m, n0, n_out, y, bias);
+  }
   if constexpr (R > 1) {
     if (m < m_end) rows<R - 1, W>(records, x, m, m_end, n0, n_out, y, bias);
   }
 }
 
-// One tile of a matrix of `kind` (0 q8, 1 q4, 2 q5, 3 q6), up to ROWS rows sharing each record
-// read.
+// One tile of a matrix of `kind` (0 q8, 1 q4, 2 q5, 3 q6, 4 q4k), up to ROWS rows sharing each
+// record read.
 template <int ROWS, class Q8, class Q4, class Q5>
 LOWBIT_INLINE void kind_rows(int64_t kind, const uint8_t* rec, const XRows& x, int64_t m0,
                              int64_t m1, int64_t n0, int64_t n_out, float* y, const float* bias) {
@@ -250,7 +335,8 @@ LOWBIT_INLINE void kind_rows(int64_t kind, const uint8_t* rec, const XRows& x, i
     case 0: return rows<ROWS, Q8>(rec, x, m0, m1, n0, n_out, y, bias);
     case 1: return rows<ROWS, Q4>(rec, x, m0, m1, n0, n_out, y, bias);
     case 2: return rows<ROWS, Q5>(rec, x, m0, m1, n0, n_out, y, bias);
-    default: return rows<ROWS, Q6>(rec, x, m0, m1, n0, n_out, y, bias);
+    case 3: return rows<ROWS, Q6>(rec, x, m0, m1, n0, n_out, y, bias);
+    default: return rows<ROWS, lowbit::Q4KLayout>(rec, x, m0, m1, n0, n_out, y, bias);
   }
 }
 
