@@ -30,6 +30,14 @@ def _gguf_floats(data: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(dequantize(data.numpy(), GGMLQuantizationType.Q4_K).copy())
 
 
+def computes_with(layer: torch.nn.Module, weights: torch.Tensor) -> None:
+    """The layer's output is x @ weights^T but for x's int8 quantization per block (~0.5 %)."""
+    x = torch.randn(3, weights.shape[1], generator=torch.Generator().manual_seed(0))
+    exact = x.double() @ weights.double().T
+    rel = (layer(x).double() - exact).norm() / exact.norm()
+    assert rel < 0.01, rel
+
+
 def _weights(fields: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """w = (d * sc) * q + -(dmin * m) per block of 32, in the gguf package's float32 steps."""
     q, sc, m, d, dmin = fields
@@ -60,11 +68,7 @@ def test_q4k_records_hold_the_fields_and_compute_with_them() -> None:
     layer = Q4KLinear.from_fields(*fields, None)
     for got, want in zip(layer.fields(), fields, strict=True):
         assert torch.equal(got.float(), want.float())
-    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(0))
-    exact = x.double() @ _gguf_floats(data).view(20, 512).double().T
-    # the kernel quantizes x to int8 per block: that, not the weights, is the error left
-    rel = (layer(x).double() - exact).norm() / exact.norm()
-    assert rel < 0.01, rel
+    computes_with(layer, _gguf_floats(data).view(20, 512))
     # min/max requantization of the same floats (the path before q4 took Q4_K's values) is
     # off by a large share of a step
     want = _gguf_floats(data).view(20, 512)
