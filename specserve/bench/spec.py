@@ -21,7 +21,9 @@ cache) start empty and one configuration cannot learn from an earlier one's outp
 tok/s counts decoding only (the tokens after the first, over the time after the prompt
 pass), so a draft model's own prompt pass, made at its first draft, counts against it.
 
-The default dtype is float32. On this project's development CPU (AVX2, no native bf16;
+The models load as a server loads them by default (--weights auto: each GGUF tensor on the
+low-bit kernel of its own type); `--weights dequant` measures the float weights. The default
+dtype is float32. On this project's development CPU (AVX2, no native bf16;
 `specserve bench decode`, 2 threads) bfloat16 decodes one token only 5-10% faster (both are
 bound by reading the weights), but a forward over 16 tokens costs 2-3x as much as in
 float32 and prefill runs at a third of the speed (bf16 matmuls are compute bound, through
@@ -44,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from specserve.bench.report import Column, format_table, write_json
 from specserve.errors import SpecserveError
+from specserve.models.layers.quant import WEIGHT_MODES
 
 if TYPE_CHECKING:
     from specserve.loading.model import LoadedModel
@@ -111,6 +114,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
         choices=["float64", "float32", "bfloat16"],
         help="float32 by default: fastest to verify drafts on AVX2 CPUs (see the docstring)",
     )
+    p.add_argument(
+        "--weights",
+        default="auto",
+        choices=WEIGHT_MODES,
+        help="the models' --weights (auto, as a server loads them by default; dequant: float)",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument(
         "--repeats",
@@ -148,7 +157,8 @@ class Session:
         from specserve.loading.model import load_model
 
         if name not in self.loaded:
-            self.loaded[name] = load_model(name, self.args.dtype, progress=True)
+            a = self.args
+            self.loaded[name] = load_model(name, a.dtype, progress=True, weights=a.weights)
             self._warm_up(name)
         return self.loaded[name]
 

@@ -41,3 +41,11 @@ def test_draft_configs_are_skipped_for_the_draft_model_itself() -> None:
     assert small[0] == "none"
     assert not any("draft" in c for c in small)
     assert configs_for("qwen2.5-coder-1.5b", args) == ["none", *CONFIGS]
+
+
+def test_models_load_as_a_server_loads_them() -> None:
+    args = build_parser().parse_args(["bench", "spec"])
+    assert args.weights == "auto"  # `specserve serve`'s default, so tok/s is what users see
+    assert build_parser().parse_args(["bench", "spec", "--weights", "dequant"]).weights == "dequant"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "spec", "--weights", "int3"])
