@@ -269,7 +269,6 @@ LOWBIT_INLINE void q4k_tile(const uint8_t* records, const XRows& x, int64_t m0, 
                             int64_t n_out, float* y, const float* bias) {
   using L = lowbit::Q4KLayout;
   const int64_t nb = x.nblocks;
-  const __m256i mask = _mm256_set1_epi8(0x0F);
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < nb / 8; ++sb) {
@@ -286,9 +285,8 @@ LOWBIT_INLINE void q4k_tile(const uint8_t* records, const XRows& x, int64_t m0, 
       __m256i s[R];
       for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_si256();
       for (int i = 0; i < 4; ++i) {  // 8 steps of 2 products <= 15 * 127: fits 16 bits
-        const __m256i p = load(nib + 32 * i);
-        const __m256i lo = _mm256_and_si256(p, mask);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), mask);
+        __m256i lo, hi;
+        nibble_pair(nib, i, lo, hi);
         for (int r = 0; r < R; ++r) {
           const int8_t* xr = x.q + idx[r] * BLOCK;
           const __m256i a = _mm256_maddubs_epi16(lo, broadcast4(xr, 2 * i));
