@@ -1,16 +1,16 @@
 """float32 linears on our own AVX2 low-bit kernels (ops/cpu/lowbit.cpp).
 
-The weights stay in blocks of 32 inputs in memory (q8: int8 + one scale, 1.0625 bytes per weight;
-q6: 6-bit + an int8 scale per 16 and a scale, 0.875; q5: 5-bit + scale, 0.6875; q4: 4-bit + scale
-and low, 0.625; scales are float16, as in GGUF), stored as the kernel's records of 8 outputs x one
-block (see `steps`), so a decode step reads under a third of float32's bytes in one sequential
-stream. The kernel quantizes each activation row to int8 per block and runs the block dot products
-on integers, as llama.cpp does on CPUs. A row's result never depends on the other rows of the call
-(the kernel's design; tests/models/test_lowbit.py), so these layers are batch-invariant as they
-stand.
+The weights stay in blocks of 32 inputs in memory (q8: int8 + one scale, 1.0625 bytes per
+weight; q6: 6-bit + an int8 scale per 16 and a scale, 0.875; q5: 5-bit + scale, 0.6875; q4:
+4-bit + scale and low, 0.625; q4k: GGUF Q4_K's own fields, 0.578; scales are float16, as in
+GGUF), stored as the kernel's records of 8 outputs x one block (see `steps`), so a decode step
+reads under a third of float32's bytes in one sequential stream. The kernel quantizes each
+activation row to int8 per block and runs the block dot products on integers, as llama.cpp does
+on CPUs. A row's result never depends on the other rows of the call (the kernel's design;
+tests/models/test_lowbit.py), so these layers are batch-invariant as they stand.
 
 From a GGUF, Q8_0 (on q8) and Q5_0 (on q5) weights come back exactly: the requantization
-finds their (float16) scales again. Q4_K and Q6_K blocks become q4 and q6 records as they are
+finds their (float16) scales again. Q4_K and Q6_K blocks become q4k and q6 records as they are
 (loading/q4k.py, loading/q6k.py). Other types are re-quantized from their float32 values.
 
 The kernels run on AVX-512 VNNI where the CPU has it and on AVX2 otherwise (`kernel_isa`;
@@ -132,23 +132,6 @@ def int6_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     return q.to(torch.int32).view(n, k), d, sc.to(torch.int8).view(n, k // SUB)
 
 
-def top_planes(q: torch.Tensor) -> torch.Tensor:
-    """q: [N, K] in 0..63 -> [T, K/32, 64] uint8, the top 2 bits: in plane h (bytes 32h..),
-    bits 2j, 2j+1 of byte i are step 4h+j's byte i's."""
-    s = steps((q >> 4).to(torch.uint8))  # [T, nb, 8, 32]
-    shift = (2 * torch.arange(4, dtype=torch.uint8))[:, None]
-    planes = [(s[:, :, 4 * h : 4 * h + 4] << shift).sum(2, dtype=torch.uint8) for h in (0, 1)]
-    return torch.cat(planes, dim=-1)
-
-
-def top_bits_from_planes(planes: torch.Tensor, n: int) -> torch.Tensor:
-    """The inverse of top_planes: [N, K] int64 in 0..3."""
-    t, nb = planes.shape[:2]
-    shift = (2 * torch.arange(4))[:, None]
-    by_half = planes.view(t, nb, 2, 1, GROUP).long() >> shift  # [T, nb, 2, 4, 32]
-    return unsteps((by_half & 3).view(t, nb, GROUP // STEP, -1), n)
-
-
 # The kernel's records (ops/cpu/lowbit.cpp): per tile of 8 outputs and block of 32 inputs,
 # stored [tile][block][record], N padded with zero outputs. A record's fields, in order:
 #   q8: scale[8] float16, weights[8 steps][8 outputs][4] int8                 272 bytes
@@ -157,7 +140,7 @@ def top_bits_from_planes(planes: torch.Tensor, n: int) -> torch.Tensor:
 #   q5: scale[8] float16, q4's nibble arrays, then the fifth bits: bit j of byte i is
 #       step j's byte i (low = -16 scale is implied: the kernel subtracts 16)  176 bytes
 #   q6: d[8] float16, sc[2][8] int8 (steps 0-3, then 4-7), q4's nibble arrays for the low
-#       4 bits, then top_planes (the top 2 bits)                              224 bytes
+#       4 bits, then bit_planes of the top 2 bits                            224 bytes
 #   q4k: per tile and 256 inputs (8 blocks): d[8], dmin[8] float16, sc[8 blocks][8] and
 #       m[8 blocks][8] uint8, then each block's q4 nibble arrays              1184 bytes
 
@@ -221,17 +204,27 @@ def nibbles_from_steps(field: torch.Tensor, n: int) -> torch.Tensor:
     return unsteps(s, n)
 
 
-def fifth_bit_plane(fifth: torch.Tensor) -> torch.Tensor:
-    """[N, K] bits -> [T, K/32, 32] uint8: bit j of byte i is step j's byte i."""
-    s = steps(fifth.to(torch.uint8))
-    shift = torch.arange(GROUP // STEP, dtype=torch.uint8)[:, None]
-    return (s << shift).sum(2, dtype=torch.uint8)  # the steps' bits do not overlap
+def bit_planes(v: torch.Tensor, bits: int) -> torch.Tensor:
+    """v: [N, K] of `bits` bits -> [T, K/32, 32 * bits] uint8: plane p (bytes 32p..) holds
+    steps p * 8/bits .. of the block; step p * 8/bits + j's byte i sits at bits
+    bits * j .. of the plane's byte i (q5's fifth bit: one plane; q6's top 2: two)."""
+    s = steps(v.to(torch.uint8))  # [T, nb, 8, 32]
+    per = GROUP // STEP // bits  # steps per plane
+    shift = (bits * torch.arange(per, dtype=torch.uint8))[:, None]
+    # the steps' bits do not overlap, so a sum is their bitwise or
+    planes = [
+        (s[:, :, p * per : (p + 1) * per] << shift).sum(2, dtype=torch.uint8) for p in range(bits)
+    ]
+    return torch.cat(planes, dim=-1)
 
 
-def fifth_bits_from_plane(plane: torch.Tensor, n: int) -> torch.Tensor:
-    """The inverse of fifth_bit_plane: [N, K] int64 bits."""
-    shift = torch.arange(GROUP // STEP)[:, None]
-    return unsteps((plane[:, :, None].long() >> shift) & 1, n)
+def bits_from_planes(planes: torch.Tensor, n: int, bits: int) -> torch.Tensor:
+    """The inverse of bit_planes: [N, K] int64 of `bits` bits."""
+    t, nb = planes.shape[:2]
+    per = GROUP // STEP // bits
+    shift = (bits * torch.arange(per))[:, None]
+    by_plane = planes.reshape(t, nb, bits, 1, GROUP).long() >> shift  # [T, nb, bits, per, 32]
+    return unsteps((by_plane & (2**bits - 1)).view(t, nb, GROUP // STEP, -1), n)
 
 
 class LowbitCall(nn.Module):
@@ -352,14 +345,14 @@ class Q5Linear(LowbitLinear):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.check_in_features(weight)
         q, scale, _ = int5_groups(weight)  # low = -16 scale: the kernel's offset
-        fields = [*scale_fields(scale), nibble_steps(q & 15), fifth_bit_plane(q >> 4)]
+        fields = [*scale_fields(scale), nibble_steps(q & 15), bit_planes(q >> 4, 1)]
         super().__init__(torch.cat(fields, dim=-1), weight.shape[0], weight.shape[1], bias)
 
     def blocks(self) -> tuple[torch.Tensor, ...]:
         """(nibbles [N, K/2], fifth bits [N, K/32, 32], scale, low) back from the records."""
         n, r = self.out_features, self.records
         nibbles = nibbles_from_steps(r[..., FIELD:-GROUP], n)
-        fifth = fifth_bits_from_plane(r[..., -GROUP:], n).to(torch.uint8)
+        fifth = bits_from_planes(r[..., -GROUP:], n, 1).to(torch.uint8)
         scale = field_values(r, 0, n)
         return pack_nibbles(nibbles), fifth.view(n, -1, GROUP), scale, -16 * scale
 
@@ -380,7 +373,7 @@ class Q6Linear(LowbitLinear):
         """q [N, K] in 0..63, d [N, K/32] holding float16 values, sc [N, K/16] int8 -> records."""
         n, k = q.shape
         sub = as_bytes(tiled(sc.to(torch.int8).view(n, k // GROUP, 2)).transpose(2, 3))
-        fields = [*scale_fields(d), sub, nibble_steps(q & 15), top_planes(q)]
+        fields = [*scale_fields(d), sub, nibble_steps(q & 15), bit_planes(q >> 4, 2)]
         return torch.cat(fields, dim=-1)
 
     @classmethod
@@ -399,7 +392,7 @@ class Q6Linear(LowbitLinear):
         sub = r[..., FIELD : 2 * FIELD].contiguous().view(torch.int8).view(t, nb, 2, TILE)
         sc = untiled(sub.transpose(2, 3), n).reshape(n, -1)
         low = nibbles_from_steps(r[..., 2 * FIELD : -2 * GROUP], n)
-        q = low + 16 * top_bits_from_planes(r[..., -2 * GROUP :], n)
+        q = low + 16 * bits_from_planes(r[..., -2 * GROUP :], n, 2)
         return q.to(torch.int32), field_values(r, 0, n), sc.contiguous()
 
 
