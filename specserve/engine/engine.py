@@ -10,7 +10,12 @@ import torch
 from specserve.engine.prompt_cache import PromptCache
 from specserve.engine.request import Request, Status
 from specserve.engine.runner import DEFAULT_SNAPSHOT_DEPTH, ModelRunner, SlotInput
-from specserve.engine.sampling import apply_penalties, probs_from_logits, resolve_seed
+from specserve.engine.sampling import (
+    apply_logit_bias,
+    apply_penalties,
+    probs_from_logits,
+    resolve_seed,
+)
 from specserve.engine.scheduler import Scheduler, StepPlan
 from specserve.engine.threads import ThreadTuner
 from specserve.errors import SpecserveError
@@ -66,6 +71,10 @@ class Engine:
                 f"the prompt has {len(req.prompt)} tokens; the context holds {max_len} "
                 "(raise --ctx-size or shorten the prompt)"
             )
+        vocab = self.runner.vocab_size
+        beyond = [t for t in req.params.logit_bias if t >= vocab]
+        if beyond:
+            raise SpecserveError(f"logit_bias token ids must be < {vocab}, got {beyond[:5]}")
         req.seed = resolve_seed(req.params.seed)
         req.timings.prompt_n = len(req.prompt)
         self.scheduler.add(req)
@@ -193,6 +202,7 @@ class Engine:
         if req.params.has_penalties:
             outputs = [req.output + list(draft.tokens[:i]) for i in range(k + 1)]
             logits = apply_penalties(logits, req.params, [req.prompt] * (k + 1), outputs)
+        logits = apply_logit_bias(logits, req.params)
         if req.params.greedy:
             # what the one-hot rows of probs_from_logits reduce to, without a softmax and
             # a vocabulary-wide CDF per row

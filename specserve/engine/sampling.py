@@ -3,6 +3,7 @@
 Pipeline (the order HF and vLLM use):
 
     logits -> apply_penalties (repetition, presence, frequency)
+           -> apply_logit_bias (OpenAI's logit_bias: added last, "prior to sampling")
            -> probs_from_logits: temperature -> top-k -> top-p -> min-p -> softmax
            -> sample (or greedy argmax; temperature 0 gives a one-hot distribution)
 
@@ -26,8 +27,8 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -35,6 +36,7 @@ from specserve.spec.verify import Stream, argmax_rows, position_uniforms, sample
 
 __all__ = [
     "SamplingParams",
+    "apply_logit_bias",
     "apply_penalties",
     "greedy",
     "probs_from_logits",
@@ -53,6 +55,8 @@ class SamplingParams:
     repetition_penalty: CTRL-style divisor for tokens seen in prompt or output (1 = off).
     presence_penalty / frequency_penalty: OpenAI-style subtractions for output tokens.
     stop_token_ids: generation ends after emitting one of these (the engine truncates).
+    logit_bias: token id -> a value in [-100, 100] added to its logit (OpenAI's; -100 bans
+    the token, +100 all but forces it).
     """
 
     temperature: float = 1.0
@@ -65,9 +69,12 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     max_tokens: int = 256
     stop_token_ids: Sequence[int] = ()  # stored as a tuple
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.stop_token_ids = tuple(self.stop_token_ids)
+        self.logit_bias = dict(self.logit_bias)
+        bias = self.logit_bias
         checks = [
             (math.isfinite(self.temperature) and self.temperature >= 0,
              f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}"),
@@ -83,6 +90,10 @@ class SamplingParams:
             (self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
             (all(t >= 0 for t in self.stop_token_ids),
              f"stop_token_ids must be token ids >= 0, got {list(self.stop_token_ids)}"),
+            (all(t >= 0 for t in bias),
+             f"logit_bias keys must be token ids >= 0, got {list(bias)}"),
+            (all(-100.0 <= b <= 100.0 for b in bias.values()),
+             f"logit_bias values must be in [-100, 100], got {list(bias.values())}"),
         ]  # fmt: skip
         for ok, message in checks:
             if not ok:
@@ -99,6 +110,17 @@ class SamplingParams:
             or self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0
         )
+
+
+def apply_logit_bias(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits [N, V] with the request's logit_bias added to every row (a new tensor; the
+    caller's rows may be the engine's reused buffer). The bias does not depend on the
+    position, so verification rows [last, d1..dk] get what plain decoding gives each."""
+    if not params.logit_bias:
+        return logits
+    ids = torch.tensor(list(params.logit_bias), dtype=torch.long, device=logits.device)
+    bias = torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype, device=logits.device)
+    return logits.index_add(1, ids, bias.expand(logits.shape[0], -1))
 
 
 def resolve_seed(seed: int | None) -> int:

@@ -111,6 +111,9 @@ class Generator:
         self._check(body)
         prompt = self._completion_prompt(body.prompt)
         handle, run = await self._start(body, prompt, body.max_tokens, "max_tokens")
+        if body.echo:  # the prompt's own text (decoded, for a prompt of token ids) first
+            echo = body.prompt if isinstance(body.prompt, str) else self.tok.decode(prompt)
+            run = _prefixed(echo, run)
         ids = streams.Ids("cmpl-" + uuid.uuid4().hex, self.model_id)
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -146,8 +149,7 @@ class Generator:
             )
         if body.n not in (None, 1):
             raise ApiError(400, f"n must be 1 (one choice per request), got {body.n}", param="n")
-        if body.logprobs:
-            raise ApiError(400, "logprobs are not supported", param="logprobs")
+        unsupported(body)
 
     def _chat_prompt(self, turns: list[tuple[str, str | list[ContentPart] | None]]) -> list[int]:
         if not self.tok.has_chat_template:
@@ -267,6 +269,13 @@ async def _run(handle: Handle, text: TextStream) -> AsyncIterator[str | Finish]:
             return
 
 
+async def _prefixed(first: str, run: AsyncIterator[str | Finish]) -> AsyncIterator[str | Finish]:
+    if first:
+        yield first
+    async for item in run:
+        yield item
+
+
 async def _collect(
     run: AsyncIterator[str | Finish], handle: Handle, request: Request
 ) -> tuple[str, Finish]:
@@ -306,6 +315,45 @@ async def _cancel_on_disconnect(request: Request, handle: Handle) -> None:
         await asyncio.sleep(0.25)
 
 
+def unsupported(body: GenerationRequest) -> None:
+    """Refuse, naming it, a field that would change the output but is not implemented."""
+    if body.logprobs or body.top_logprobs:
+        raise ApiError(400, "logprobs are not supported", param="logprobs")
+    fmt = body.response_format
+    if fmt is not None and fmt.type != "text":
+        raise ApiError(
+            400,
+            f"response_format {fmt.type!r} is not supported (no constrained decoding); "
+            "ask for JSON in the prompt, or leave response_format out",
+            param="response_format",
+        )
+    if (body.tools or body.functions) and body.tool_choice != "none":
+        raise ApiError(
+            400,
+            "tools are not supported (no tool-call parsing); leave them out, or send "
+            'tool_choice "none"',
+            param="tools" if body.tools else "functions",
+        )
+    if isinstance(body, CompletionRequest):
+        if body.best_of not in (None, 1):
+            raise ApiError(400, f"best_of must be 1, got {body.best_of}", param="best_of")
+        if body.suffix:
+            raise ApiError(400, "suffix (insertion) is not supported", param="suffix")
+
+
+def _logit_bias(asked: dict[str, float] | None) -> dict[int, float]:
+    """OpenAI's logit_bias: its keys are token ids written as strings."""
+    bias: dict[int, float] = {}
+    for key, value in (asked or {}).items():
+        try:
+            bias[int(key)] = value
+        except ValueError:
+            raise ApiError(
+                400, f"logit_bias keys must be token ids, got {key!r}", param="logit_bias"
+            ) from None
+    return bias
+
+
 def _sampling(body: GenerationRequest, max_tokens: int) -> SamplingParams:
     fields: dict[str, Any] = {
         name: getattr(body, name)
@@ -316,7 +364,9 @@ def _sampling(body: GenerationRequest, max_tokens: int) -> SamplingParams:
         if getattr(body, name) is not None
     }  # fmt: skip
     try:
-        return SamplingParams(max_tokens=max_tokens, **fields)
+        return SamplingParams(
+            max_tokens=max_tokens, logit_bias=_logit_bias(body.logit_bias), **fields
+        )
     except ValueError as e:
         raise ApiError(400, str(e)) from e
 

@@ -2,6 +2,9 @@
 
 Requests accept (and ignore) fields we do not model, as OpenAI clients send many
 (`user`, `metadata`, ...); fields we do model are type-checked, and a wrong type is a 400.
+Fields that would change the output but are not implemented (`response_format` other
+than text, `tools`, `best_of`, `suffix`, `logprobs`) are modelled only to be refused with
+a 400 that names them: ignoring them would return text the client did not ask for.
 Extensions beyond OpenAI (as vLLM and llama.cpp spell them): `top_k`, `min_p`,
 `repetition_penalty`, `stop_token_ids`, `cache_prompt` (llama.cpp's: false prefills the
 whole prompt even when its slot holds a prefix of it), and `speculative`:
@@ -49,6 +52,12 @@ class SpeculativeSettings(BaseModel):
     p_min: float | None = None
 
 
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+
+
 class StreamOptions(BaseModel):
     include_usage: bool = False
 
@@ -73,6 +82,12 @@ class GenerationRequest(BaseModel):
     stream_options: StreamOptions | None = None
     n: int | None = None
     logprobs: bool | int | None = None
+    top_logprobs: int | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias
+    response_format: ResponseFormat | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    functions: list[Any] | None = None  # the legacy form of tools
     speculative: SpeculativeSettings | None = None
     cache_prompt: bool = True  # llama.cpp's: may start after the prefix its slot holds
 
@@ -103,6 +118,9 @@ class CompletionRequest(GenerationRequest):
     prompt: str | list[str] | list[int]
     # OpenAI's legacy completions default to 16 tokens
     max_tokens: int | None = 16
+    echo: bool = False  # the prompt's text comes first in the choice's text
+    best_of: int | None = None
+    suffix: str | None = None
 
 
 class ResponsesInputMessage(BaseModel):

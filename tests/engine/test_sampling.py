@@ -9,6 +9,7 @@ import torch
 
 from specserve.engine.sampling import (
     SamplingParams,
+    apply_logit_bias,
     apply_penalties,
     greedy,
     probs_from_logits,
@@ -39,6 +40,8 @@ def renorm(values: list[float]) -> list[float]:
         pytest.param({"repetition_penalty": 0.0}, "repetition_penalty", id="zero-repetition"),
         pytest.param({"presence_penalty": 2.5}, "presence_penalty", id="presence-too-big"),
         pytest.param({"frequency_penalty": -3}, "frequency_penalty", id="frequency-too-small"),
+        pytest.param({"logit_bias": {3: 101.0}}, "logit_bias values", id="bias-too-big"),
+        pytest.param({"logit_bias": {-1: 1.0}}, "logit_bias keys", id="bias-negative-id"),
         pytest.param({"max_tokens": 0}, "max_tokens", id="zero-max-tokens"),
         pytest.param({"stop_token_ids": [2, -1]}, "stop_token_ids", id="negative-stop-id"),
     ],
@@ -135,6 +138,15 @@ def test_penalties_on_a_hand_made_row():
     # row 0: token 0 seen in the prompt (2 / 2); token 1 twice in the output
     # (-2 * 2 - 0.5 - 2 * 0.25); token 2 once (1 / 2 - 0.5 - 0.25); token 3 unseen
     assert got.tolist() == [[1.0, -5.0, -0.25, 0.5], [2.0, -2.0, 1.0, 0.5]]
+
+
+def test_logit_bias_adds_to_every_row_and_leaves_the_input_alone():
+    logits = torch.tensor([[2.0, -2.0, 1.0, 0.5], [0.0, 0.0, 0.0, 0.0]])
+    before = logits.clone()
+    got = apply_logit_bias(logits, SamplingParams(logit_bias={1: 5.0, 3: -100.0}))
+    assert got.tolist() == [[2.0, 3.0, 1.0, -99.5], [0.0, 5.0, 0.0, -100.0]]
+    assert torch.equal(logits, before)  # the engine's logits buffer is not written
+    assert apply_logit_bias(logits, SamplingParams()) is logits
 
 
 def test_no_penalties_leave_logits_alone():

@@ -220,6 +220,42 @@ BAD_INPUTS = {
         400,
         "only text content",
     ),
+    # fields that would change the output, not implemented: refused, never ignored
+    "logprobs": (CHAT, {"messages": HELLO, "logprobs": True}, 400, "logprobs are not supported"),
+    "top-logprobs": (CHAT, {"messages": HELLO, "top_logprobs": 2}, 400, "logprobs are not"),
+    "json-response-format": (
+        CHAT,
+        {"messages": HELLO, "response_format": {"type": "json_object"}},
+        400,
+        "response_format 'json_object' is not supported",
+    ),
+    "tools": (
+        CHAT,
+        {"messages": HELLO, "tools": [{"type": "function", "function": {"name": "f"}}]},
+        400,
+        "tools are not supported",
+    ),
+    "legacy-functions": (CHAT, {"messages": HELLO, "functions": [{"name": "f"}]}, 400, "tools are"),
+    "best-of": ("/v1/completions", {"prompt": "hi", "best_of": 3}, 400, "best_of must be 1"),
+    "suffix": ("/v1/completions", {"prompt": "hi", "suffix": "end"}, 400, "suffix (insertion)"),
+    "logit-bias-key-not-an-id": (
+        CHAT,
+        {"messages": HELLO, "logit_bias": {"hello": 5}},
+        400,
+        "logit_bias keys must be token ids, got 'hello'",
+    ),
+    "logit-bias-id-out-of-vocab": (
+        CHAT,
+        {"messages": HELLO, "logit_bias": {"500": 5}},
+        400,
+        "logit_bias token ids must be < 128, got [500]",
+    ),
+    "logit-bias-too-big": (
+        CHAT,
+        {"messages": HELLO, "logit_bias": {"65": 150}},
+        400,
+        "logit_bias values must be in [-100, 100]",
+    ),
 }
 
 
@@ -259,6 +295,44 @@ def test_follow_up_turn_reuses_the_cached_prefix(live: LiveServer) -> None:
     full = c.chat.completions.create(**kw, extra_body={"cache_prompt": False})
     assert full.usage.prompt_tokens_details.cached_tokens == 0
     assert full.choices[0].message.content == second.choices[0].message.content
+
+
+def test_accepted_settings_that_change_nothing(live: LiveServer) -> None:
+    """Plain text asked for in the fields that could ask for more: answered as without."""
+    text = complete(live, chat_text(HELLO), 8)
+    kw = dict(model=MODEL_ID, messages=HELLO, max_tokens=8, temperature=0)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    for extra in ({"response_format": {"type": "text"}}, {"tools": tools, "tool_choice": "none"}):
+        got = client(live).chat.completions.create(**kw, **extra)  # type: ignore[arg-type]
+        assert got.choices[0].message.content == text
+
+
+def test_logit_bias_forces_and_bans_tokens(live: LiveServer) -> None:
+    """The tiny tokenizer's ids are character codes: +100 on "z" makes every token "z";
+    -100 on the plain output's first character keeps it out of the output."""
+    prompt = chat_text(HELLO)
+    plain = complete(live, prompt, 12)
+    assert len(plain) == 12  # one character a token, none special
+    kw = dict(model=MODEL_ID, prompt=prompt, max_tokens=12, temperature=0)
+    forced = client(live).completions.create(**kw, logit_bias={str(ord("z")): 100})
+    assert forced.choices[0].text == "z" * 12
+    banned = plain[0]
+    text = client(live).completions.create(**kw, logit_bias={str(ord(banned)): -100})
+    assert banned not in text.choices[0].text and text.choices[0].text != plain
+
+
+def test_echo_puts_the_prompt_first_streaming_or_not(live: LiveServer) -> None:
+    prompt = chat_text(HELLO)
+    plain = complete(live, prompt, 10)
+    assert plain
+    kw = dict(model=MODEL_ID, max_tokens=10, temperature=0, echo=True)
+    whole = client(live).completions.create(prompt=prompt, **kw)
+    assert whole.choices[0].text == prompt + plain
+    assert whole.usage is not None and whole.usage.completion_tokens == 10
+    stream = client(live).completions.create(prompt=prompt, stream=True, **kw)
+    assert "".join(c.choices[0].text for c in stream if c.choices) == prompt + plain
+    ids = client(live).completions.create(prompt=[ord(c) for c in prompt], **kw)
+    assert ids.choices[0].text == prompt + plain  # token ids: their decoded text
 
 
 def test_speculation_off_per_request_is_accepted(live: LiveServer) -> None:

@@ -49,18 +49,18 @@ def _prompts() -> list[list[int]]:
     return out
 
 
+GREEDY = SamplingParams(temperature=0, max_tokens=N_TOKENS)
+
+
 def _run(
-    model, speculator: Speculator | None, n_max: int, prompts: list[list[int]]
-) -> list[list[int]]:  # noqa: ANN001
+    model,  # noqa: ANN001
+    speculator: Speculator | None,
+    n_max: int,
+    prompts: list[list[int]],
+    params: SamplingParams = GREEDY,
+) -> list[list[int]]:
     engine = Engine(ModelRunner(model, num_slots=len(prompts), max_len=CTX), speculator)
-    reqs = [
-        Request(
-            p,
-            SamplingParams(temperature=0, max_tokens=N_TOKENS),
-            SpecParams(n_max=n_max, p_min=0.5),
-        )
-        for p in prompts
-    ]
+    reqs = [Request(p, params, SpecParams(n_max=n_max, p_min=0.5)) for p in prompts]
     engine.generate(reqs)
     return [r.output for r in reqs]
 
@@ -98,6 +98,38 @@ def test_speculation_equals_plain_greedy(
     assert _run(target, spec, n_max, prompts) == reference
     assert _run(target, spec, n_max, prompts[1:2]) == reference[1:2]
     SEEN.add(spec.stats)
+
+
+# Verification rows see what plain decoding would: penalties count the draft tokens before
+# each row, the bias is added to every row, and a sampled row uses the uniform of its own
+# position, so drafts without probabilities (n-gram, suffix) keep the output token for token
+# at any temperature. (A draft model's drafts carry probabilities and go through rejection
+# sampling: the same distribution, not the same tokens, so it joins only the greedy cases.)
+SETTINGS = {
+    "penalties": ("ngram-map-k,suffix,draft", dict(repetition_penalty=1.05, presence_penalty=0.2,
+                                                   frequency_penalty=0.05)),
+    "logit-bias": ("ngram-map-k,suffix,draft", dict(logit_bias={7: 1.5, 40: -100.0, 99: 3.0})),
+    "sampled": ("ngram-map-k,suffix", dict(temperature=0.5, top_k=3, seed=7)),
+    "sampled-penalties": ("ngram-map-k,suffix", dict(temperature=0.1, top_k=8, seed=7,
+                                                     repetition_penalty=1.02)),
+    "sampled-bias": ("ngram-simple,ngram-mod", dict(temperature=0.1, seed=7,
+                                                    logit_bias={7: 1.5, 99: 3.0})),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("types, settings", SETTINGS.values(), ids=SETTINGS.keys())
+def test_speculation_equals_plain_with_sampling_settings(
+    types: str, settings: dict, target, close_draft, reference
+) -> None:  # noqa: ANN001
+    params = SamplingParams(**{"temperature": 0, "max_tokens": N_TOKENS, **settings})
+    prompts = _prompts()
+    plain = _run(target, None, 0, prompts, params)
+    assert plain != reference  # the settings change the output, so the test can fail
+    draft_runner = ModelRunner(close_draft, num_slots=3, max_len=CTX)
+    spec = build_speculator(types.split(","), draft_runner, draft_cost=0.3)
+    assert spec is not None
+    assert _run(target, spec, 16, prompts, params) == plain
+    assert spec.stats.tokens_accepted > 0  # drafts were verified and kept
 
 
 def test_empty_rejected_and_full_drafts_all_occurred() -> None:
