@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 models: setup
 	$(BIN)/specserve models pull qwen2.5-coder-0.5b
 
-# the default model with the default speculation (ngram-map-k,suffix) and 4 slots; `exec` makes
+# the default model with the default speculation (ngram-map-k,suffix,prediction) and 4 slots; `exec` makes
 # the server make's own child, so SIGTERM to make (which make passes on) reaches it and it drains
 serve: setup models
 	exec $(BIN)/specserve serve --host $(HOST) --port $(PORT) $(ARGS)

@@ -148,7 +148,9 @@ class Engine:
         ]
         cost = self.cost.relative(base_rows, max(limits))
         asks = [
-            DraftRequest(r.slot, r.context, n, r.spec.n_min, r.spec.p_min, r.spec.types, cost)
+            DraftRequest(
+                r.slot, r.context, n, r.spec.n_min, r.spec.p_min, r.spec.types, cost, r.prediction
+            )
             for r, n in zip(wanted, limits, strict=True)
         ]
         made = iter(self.speculator.draft(asks))

@@ -87,6 +87,7 @@ class Request:
     slot: int = -1
     n_prefilled: int = 0
     cache_prompt: bool = True  # may start after a prefix its slot still holds
+    prediction: list[int] = field(default_factory=list)  # expected output (a draft source)
     seed: int = 0
     timings: Timings = field(default_factory=Timings)
 

@@ -35,6 +35,10 @@ class Tokenizer:
         """Text -> ids, with the BOS token where the model's tokenizer adds one."""
         return list(self.hf.encode(text))
 
+    def encode_text(self, text: str) -> list[int]:
+        """Text -> ids as it would appear inside a sequence: no BOS or other special token."""
+        return list(self.hf.encode(text, add_special_tokens=False))
+
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return str(self.hf.decode(ids, skip_special_tokens=skip_special))
 
@@ -44,7 +48,7 @@ class Tokenizer:
             raise SpecserveError("this model has no chat template (a base model?): drop --chat")
         text = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         # the template writes special tokens as text (BOS included), so add none here
-        return list(self.hf.encode(text, add_special_tokens=False))
+        return self.encode_text(text)
 
 
 def load_tokenizer(path: Path) -> Tokenizer:

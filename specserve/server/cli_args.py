@@ -22,7 +22,9 @@ from specserve.loading.model import LoadedModel
 from specserve.server.app import ServerConfig, build_app
 from specserve.server.loop import EngineLoop
 
-DEFAULT_SPEC = "ngram-map-k,suffix"  # needs no draft model; see `specserve bench spec`
+# needs no draft model (see `specserve bench spec`); `prediction` drafts only for requests
+# that send OpenAI's `prediction`
+DEFAULT_SPEC = "ngram-map-k,suffix,prediction"
 
 DRAIN_TIMEOUT_S = 30.0  # SIGTERM: how long running requests may take to finish
 

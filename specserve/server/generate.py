@@ -231,6 +231,8 @@ class Generator:
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         req = EngineRequest(prompt, params, self._spec(body.speculative), self.tok.eog_ids)
         req.cache_prompt = body.cache_prompt
+        if body.prediction is not None:
+            req.prediction = self.tok.encode_text(_text_of(body.prediction.content))
         try:
             handle = self.loop.submit(req)
         except QueueFull as e:

@@ -12,7 +12,8 @@ whole prompt even when its slot holds a prefix of it), and `speculative`:
     "speculative": {"types": ["ngram-simple"], "n_max": 8, "n_min": 0, "p_min": 0.0}
 
 where every field is optional, `types` picks among the server's `--spec-type` list and
-`"types": []` turns speculation off for this request.
+`"types": []` turns speculation off for this request. OpenAI's `prediction` (Predicted
+Outputs: `{"type": "content", "content": "..."}`) feeds the `prediction` drafter.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class GenerationRequest(BaseModel):
     tool_choice: str | dict[str, Any] | None = None
     functions: list[Any] | None = None  # the legacy form of tools
     speculative: SpeculativeSettings | None = None
+    prediction: Prediction | None = None
     cache_prompt: bool = True  # llama.cpp's: may start after the prefix its slot holds
 
 
@@ -99,6 +101,13 @@ class ContentPart(BaseModel):
 
     type: str
     text: str | None = None
+
+
+class Prediction(BaseModel):
+    """OpenAI's Predicted Outputs: text the answer is expected to repeat (a draft source)."""
+
+    type: Literal["content"] = "content"
+    content: str | list[ContentPart]
 
 
 class ChatMessage(BaseModel):

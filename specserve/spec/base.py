@@ -65,6 +65,8 @@ class DraftRequest:
     # cost[k]: verifying k draft tokens, in plain steps (spec/cost.py, from the engine);
     # None: rows are free, drafts are never cut for cost (a drafter's own semantics)
     cost: Sequence[float] | None = None
+    # the tokens the client expects back (OpenAI's `prediction`; spec/prediction.py)
+    prediction: Sequence[int] = ()
 
     def verify_cost(self, k: int) -> float:
         """cost[k]; the engine sends one entry per length up to the largest n_max asked."""

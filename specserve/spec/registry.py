@@ -19,6 +19,7 @@ _SIMPLE = {
     "ngram-mod": "specserve.spec.ngram_mod:NgramMod",
     "ngram-cache": "specserve.spec.ngram_cache:NgramCacheSpeculator",
     "suffix": "specserve.spec.suffix:SuffixSpeculator",
+    "prediction": "specserve.spec.prediction:PredictionSpeculator",
 }
 SPEC_TYPES = (*_SIMPLE, "draft", "mtp")
 

@@ -15,10 +15,12 @@ import torch
 import uvicorn
 
 from specserve.engine.engine import Engine
+from specserve.engine.request import SpecParams
 from specserve.engine.runner import ModelRunner
 from specserve.loading.model import LoadedModel, load_model
 from specserve.server.app import ServerConfig, build_app
 from specserve.server.loop import EngineLoop
+from specserve.spec.registry import build_speculator
 from tests.tiny import write_hf_folder, write_tokenizer
 
 MODEL_ID = "tiny"
@@ -76,13 +78,20 @@ class LiveServer:
 
 
 def start_server(
-    loaded: LoadedModel, *, parallel: int = 4, max_queue: int = 8, api_key: str | None = None
+    loaded: LoadedModel,
+    *,
+    parallel: int = 4,
+    max_queue: int = 8,
+    api_key: str | None = None,
+    spec_types: tuple[str, ...] = (),
 ) -> LiveServer:
     """A server on a free 127.0.0.1 port; the model's weights are shared between servers."""
     assert loaded.tokenizer is not None
     runner = ModelRunner(loaded.model, num_slots=parallel, max_len=CTX)
-    loop = EngineLoop(Engine(runner), max_queue)
-    app = build_app(loop, loaded.tokenizer, ServerConfig(MODEL_ID, api_key=api_key))
+    loop = EngineLoop(Engine(runner, build_speculator(spec_types)), max_queue)
+    spec = SpecParams(n_max=16 if spec_types else 0)
+    config = ServerConfig(MODEL_ID, api_key=api_key, spec_types=spec_types, spec_defaults=spec)
+    app = build_app(loop, loaded.tokenizer, config)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))  # the kernel picks a free port; no race with other tests
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)

@@ -26,7 +26,7 @@ def test_flags_and_defaults() -> None:
     assert parse_types(args.spec_type) == ["suffix", "draft"]
     assert (args.host, args.port, args.max_queue, args.dtype) == ("127.0.0.1", 8080, 64, "float32")
     assert (args.draft_max, args.draft_min, args.draft_p_min) == (16, 0, 0.75)
-    assert parse_types(parse().spec_type) == ["ngram-map-k", "suffix"]
+    assert parse_types(parse().spec_type) == ["ngram-map-k", "suffix", "prediction"]
     assert parse().model == "qwen2.5-coder-0.5b"
     with pytest.raises(SpecserveError, match="unknown speculative type"):
         parse_types("ngram-nope")
@@ -60,7 +60,8 @@ def test_built_server_follows_the_flags(tiny_folder: Path) -> None:
     args.device = "cpu"
     loop, cfg, _ = build_server(args)
     assert (loop.num_slots, loop.engine.runner.memory.max_len, cfg.model_id) == (3, 128, "t")
-    assert loop.engine.speculator is not None and cfg.spec_types == ("ngram-map-k", "suffix")
+    assert loop.engine.speculator is not None
+    assert cfg.spec_types == ("ngram-map-k", "suffix", "prediction")
     loop, cfg, _ = build_server(parse("--model", str(tiny_folder), "--spec-type", "none"))
     assert loop.engine.speculator is None and cfg.spec_defaults.n_max == 0
 

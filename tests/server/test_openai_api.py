@@ -335,6 +335,31 @@ def test_echo_puts_the_prompt_first_streaming_or_not(live: LiveServer) -> None:
     assert ids.choices[0].text == prompt + plain  # token ids: their decoded text
 
 
+@pytest.fixture(scope="module")
+def predicting(tiny_model: LoadedModel) -> Iterator[LiveServer]:
+    """Two slots; the prediction drafter alone, so every kept draft token is its."""
+    server = start_server(tiny_model, parallel=2, spec_types=("prediction",))
+    yield server
+    server.stop()
+
+
+def test_prediction_speeds_up_the_same_text(live: LiveServer, predicting: LiveServer) -> None:
+    """OpenAI's Predicted Outputs: the answer expected back, with an edit, is a draft source;
+    the text is the one without it (and without speculation), and drafts were kept."""
+    kw = dict(model=MODEL_ID, messages=HELLO, max_tokens=60, temperature=0)
+    plain = client(live).chat.completions.create(**kw).choices[0].message.content
+    assert plain is not None and len(plain) > 40
+    edited = plain[:20] + "#@!" + plain[25:]
+    extra = {"prediction": {"type": "content", "content": edited}}
+    got = client(predicting).chat.completions.create(**kw, extra_body=extra)
+    assert got.choices[0].message.content == plain
+    assert got.timings["draft_n_accepted"] >= 30  # type: ignore[attr-defined]
+    # a server without the drafter takes the prediction as the hint it is
+    got = client(live).chat.completions.create(**kw, extra_body=extra)
+    assert got.choices[0].message.content == plain
+    assert got.timings["draft_n"] == 0  # type: ignore[attr-defined]
+
+
 def test_speculation_off_per_request_is_accepted(live: LiveServer) -> None:
     body = {"messages": HELLO, "max_tokens": 3, "temperature": 0, "speculative": {"types": []}}
     assert post(live, CHAT, body).status_code == 200

@@ -1,0 +1,90 @@
+"""`prediction` (OpenAI's Predicted Outputs): drafts from the text the client expects back."""
+
+from __future__ import annotations
+
+import pytest
+
+from specserve.engine.engine import Engine
+from specserve.engine.request import Request, SpecParams
+from specserve.engine.runner import ModelRunner
+from specserve.engine.sampling import SamplingParams
+from specserve.loading.model import load_model
+from specserve.spec.base import DraftRequest
+from specserve.spec.prediction import MAX_MATCH, PredictionSpeculator
+from specserve.spec.registry import build_speculator
+from tests.spec.drive import distinct_tokens, random_tokens
+from tests.tiny import VOCAB, write_hf_folder
+
+PROMPT = distinct_tokens(1, 20)
+PREDICTED = distinct_tokens(2, 30)
+
+
+def ask(spec: PredictionSpeculator, output: list[int], n_max: int = 4) -> list[int]:
+    req = DraftRequest(0, PROMPT + output, n_max, prediction=PREDICTED)
+    return spec.draft([req])[0].tokens
+
+
+def test_follows_the_prediction_and_resumes_after_an_edit() -> None:
+    spec = PredictionSpeculator()
+    spec.begin(0, PROMPT)
+    assert ask(spec, PREDICTED[:1]) == PREDICTED[1:5]
+    spec.accept(0, 4)  # all kept, then the target's own token continued the prediction
+    assert ask(spec, PREDICTED[:6]) == PREDICTED[6:10]
+    spec.accept(0, 1)  # one kept, then an edit: two tokens the prediction does not have
+    edited = [*PREDICTED[:7], 7, 8]
+    assert ask(spec, edited) == []
+    # the output rejoins the prediction further on: drafting resumes after that point
+    assert ask(spec, [*edited, *PREDICTED[15:17]]) == PREDICTED[17:21]
+
+
+def test_realigns_on_the_longest_then_nearest_match() -> None:
+    spec = PredictionSpeculator()
+    spec.begin(0, PROMPT)
+    a, b, c = PREDICTED[:3]
+    predicted = [a, b, 50, c, 60, a, b, c, 70, c, 80]
+    req = DraftRequest(0, [*PROMPT, 99, a, b, c], 2, prediction=predicted)
+    d = spec.draft([req])[0]
+    assert d.tokens == [70, c] and d.tier == 3  # "a b c" beats the nearer "c"
+
+
+def test_no_prediction_no_draft_and_a_run_ends_with_the_prediction() -> None:
+    spec = PredictionSpeculator()
+    spec.begin(0, PROMPT)
+    assert spec.draft([DraftRequest(0, [*PROMPT, 5], 4)])[0].tokens == []
+    assert ask(spec, PREDICTED, 4) == []  # nothing predicted after the end
+    assert MAX_MATCH >= 2
+
+
+N_TOKENS = 96
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):  # noqa: ANN001, ANN201
+    folder = tmp_path_factory.mktemp("target")
+    write_hf_folder("qwen2", folder, seed=11)
+    return load_model(folder, dtype="float64").model
+
+
+def _run(model, types: str | None, prompts: list[list[int]], predictions: list[list[int]]):  # noqa: ANN001, ANN202
+    spec = build_speculator(types.split(",")) if types else None
+    engine = Engine(ModelRunner(model, num_slots=len(prompts), max_len=256), spec)
+    reqs = [
+        Request(p, SamplingParams(temperature=0, max_tokens=N_TOKENS), SpecParams(n_max=16))
+        for p in prompts
+    ]
+    for req, predicted in zip(reqs, predictions, strict=True):
+        req.prediction = predicted
+    engine.generate(reqs)
+    return [r.output for r in reqs], spec
+
+
+@pytest.mark.parametrize("types", ["prediction", "ngram-map-k,suffix,prediction"])
+def test_output_is_the_targets_whatever_the_prediction(target, types: str) -> None:  # noqa: ANN001
+    prompts = [random_tokens(s, 40, VOCAB) for s in (3, 4, 5)]
+    reference, _ = _run(target, None, prompts, [[], [], []])
+    edited = [*reference[0][:30], 1, 2, 3, *reference[0][40:]]  # an edit mid-way
+    unrelated = random_tokens(9, 80, VOCAB)
+    predictions = [edited, unrelated, reference[2]]
+    out, spec = _run(target, types, prompts, predictions)
+    assert out == reference
+    assert spec is not None and spec.stats.tokens_accepted > N_TOKENS  # most of 0 and 2
