@@ -9,6 +9,9 @@ Workloads (chat template, greedy):
   descriptive variable names.", after the model's OWN turn-1 answer (generated here without
   speculation, once per model). The answer is mostly a copy of the context, which is where
   drafting from the context pays.
+- predicted-{c,java,python}: quicksort-*'s prompt, sent with OpenAI's `prediction`: the
+  model's own answer with identifiers renamed (EDITS), as a client holding an earlier,
+  edited answer would send it. Only configurations with the `prediction` drafter use it.
 - prose: "Write a short story about a lighthouse keeper." Little to copy.
 
 Every configuration (`--spec-types`) runs on every model and workload, plus `none`, which
@@ -58,9 +61,13 @@ TURN1 = (
 TURN2 = "Rewrite the same program with descriptive variable names."
 PROSE = "Write a short story about a lighthouse keeper."
 LANGS = {"c": "C", "java": "Java", "python": "Python"}
+# predicted-*: quicksort-*'s prompt with OpenAI's `prediction` = the model's own answer with
+# identifiers renamed (EDITS): what a client holding an earlier, edited answer sends
+EDITS = {"arr": "array", "pivot": "pv", "temp": "tmp"}
 WORKLOADS = (
     *(f"quicksort-{k}" for k in LANGS),
     *(f"rewrite-{k}" for k in LANGS),
+    *(f"predicted-{k}" for k in LANGS),
     "prose",
 )
 CONFIGS = (
@@ -71,6 +78,7 @@ CONFIGS = (
     "ngram-cache",
     "suffix",
     "ngram-map-k,suffix",
+    "ngram-map-k,suffix,prediction",
     "draft",
     "ngram-map-k,suffix,draft",
 )
@@ -174,7 +182,7 @@ class Session:
             return list(tok.chat([{"role": "user", "content": PROSE}]))
         kind, lang = workload.split("-")
         turn1 = [{"role": "user", "content": TURN1.format(lang=LANGS[lang])}]
-        if kind == "quicksort":
+        if kind in ("quicksort", "predicted"):
             return list(tok.chat(turn1))
         answer = tok.decode(self.reference(model, f"quicksort-{lang}").tokens)
         return list(
@@ -186,6 +194,17 @@ class Session:
                 ]
             )
         )
+
+    def prediction(self, model: str, workload: str) -> list[int]:
+        """What a predicted-* workload's requests send as `prediction` (else nothing)."""
+        kind, _, lang = workload.partition("-")
+        if kind != "predicted":
+            return []
+        tok = self.tokenizer(model)
+        text = tok.decode(self.reference(model, f"quicksort-{lang}").tokens)
+        for old, new in EDITS.items():
+            text = text.replace(old, new)
+        return tok.encode_text(text)
 
     def tokenizer(self, model: str) -> Tokenizer:
         tok = self.load(model).tokenizer
@@ -200,7 +219,12 @@ class Session:
         return self.plain[key]
 
     def generate(
-        self, model: str, config: str, prompt: list[int], max_tokens: int | None = None
+        self,
+        model: str,
+        config: str,
+        prompt: list[int],
+        max_tokens: int | None = None,
+        prediction: list[int] | None = None,
     ) -> Run:
         """Greedy generation with a fresh engine over the already loaded weights."""
         from specserve.engine.request import Request, SpecParams
@@ -223,6 +247,7 @@ class Session:
         params = SamplingParams(temperature=0.0, max_tokens=n)
         spec = SpecParams(n_max=a.draft_max if types else 0)
         req = Request(prompt, params, spec, stop_ids=self.tokenizer(model).eog_ids)
+        req.prediction = prediction or []
         t0 = time.perf_counter()
         engine.generate([req])
         seconds = time.perf_counter() - t0
@@ -306,10 +331,12 @@ def main(args: argparse.Namespace) -> None:
             # rounds of every configuration in turn, so slow spells on a shared machine
             # hit all of them alike; the medians are compared
             prompt = session.prompt(model, workload)
+            predicted = session.prediction(model, workload)
             for r in range(args.repeats):
                 for config in configs:
                     fresh = config != NONE or r > 0
-                    runs[config].append(session.generate(model, config, prompt) if fresh else ref)
+                    run = session.generate(model, config, prompt, prediction=predicted)
+                    runs[config].append(run if fresh else ref)
                     print(progress_line(model, workload, config, runs[config][-1]), flush=True)
             ref_tok_s = statistics.median(run.tok_s for run in runs[NONE])
             for config in configs:

@@ -10,21 +10,13 @@ from specserve.engine.engine import Engine
 from specserve.engine.request import Request, SpecParams
 from specserve.engine.runner import ModelRunner
 from specserve.engine.sampling import SamplingParams
-from specserve.loading.model import load_model
 from specserve.spec.base import Speculator
 from specserve.spec.registry import build_speculator
 from tests.spec.cases_seen import CasesSeen
-from tests.tiny import VOCAB, write_hf_folder
+from tests.tiny import VOCAB
 
 N_TOKENS = 128
 CTX = 320
-
-
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):  # noqa: ANN001, ANN201
-    folder = tmp_path_factory.mktemp("target")
-    write_hf_folder("qwen2", folder, seed=11)
-    return load_model(folder, dtype="float64").model
 
 
 @pytest.fixture(scope="module")

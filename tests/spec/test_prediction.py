@@ -8,12 +8,11 @@ from specserve.engine.engine import Engine
 from specserve.engine.request import Request, SpecParams
 from specserve.engine.runner import ModelRunner
 from specserve.engine.sampling import SamplingParams
-from specserve.loading.model import load_model
 from specserve.spec.base import DraftRequest
 from specserve.spec.prediction import MAX_MATCH, PredictionSpeculator
 from specserve.spec.registry import build_speculator
 from tests.spec.drive import distinct_tokens, random_tokens
-from tests.tiny import VOCAB, write_hf_folder
+from tests.tiny import VOCAB
 
 PROMPT = distinct_tokens(1, 20)
 PREDICTED = distinct_tokens(2, 30)
@@ -56,13 +55,6 @@ def test_no_prediction_no_draft_and_a_run_ends_with_the_prediction() -> None:
 
 
 N_TOKENS = 96
-
-
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):  # noqa: ANN001, ANN201
-    folder = tmp_path_factory.mktemp("target")
-    write_hf_folder("qwen2", folder, seed=11)
-    return load_model(folder, dtype="float64").model
 
 
 def _run(model, types: str | None, prompts: list[list[int]], predictions: list[list[int]]):  # noqa: ANN001, ANN202
