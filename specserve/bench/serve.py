@@ -74,9 +74,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=["float64", "float32", "bfloat16"])
     p.add_argument(
         "--weights",
-        default="dequant",
+        default="auto",
         choices=WEIGHT_MODES,
-        help="the servers' --weights (dequant: float weights; int8 makes rows cheap on AVX2)",
+        help="the servers' --weights (default auto, as `specserve serve`; dequant: float weights)",
     )
     p.add_argument("--device", default=None, help="cpu or cuda (default: the server's choice)")
     p.add_argument("--ctx-size", type=int, default=0, help="context per slot (server default)")

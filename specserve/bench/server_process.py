@@ -40,7 +40,7 @@ class ServerSpec:
 
     model: str = "qwen2.5-coder-0.5b"
     dtype: str = "float32"
-    weights: str = "dequant"  # --weights: dequant, int8, int6, int5, int4 or auto
+    weights: str = "auto"  # --weights, as `specserve serve` defaults: auto, dequant, int8, ...
     slots: int = 4
     spec_type: str = "ngram-map-k,suffix"  # "none" turns speculation off
     device: str | None = None  # None: the server's own choice (cuda when available)
