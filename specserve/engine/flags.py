@@ -91,7 +91,8 @@ def _add_spec_args(p: argparse.ArgumentParser, default_spec: str) -> None:
         "--spec-type",
         default=default_spec,
         help=f"comma-separated types or 'none': {', '.join(SPEC_TYPES)}; several make a "
-        f"chain that picks the most promising draft per slot and step (default {default_spec})",
+        f"chain that picks the most promising draft per slot and step; `prediction` drafts "
+        f"only from a server request's OpenAI `prediction` (default {default_spec})",
     )
     s.add_argument("--draft-model", "-md", default=None, help="draft model (name, .gguf, folder)")
     s.add_argument("--draft-max", type=int, default=d.n_max, help=f"most draft tokens ({d.n_max})")
