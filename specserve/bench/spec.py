@@ -335,8 +335,12 @@ def main(args: argparse.Namespace) -> None:
             for r in range(args.repeats):
                 for config in configs:
                     fresh = config != NONE or r > 0
-                    run = session.generate(model, config, prompt, prediction=predicted)
-                    runs[config].append(run if fresh else ref)
+                    run = (
+                        session.generate(model, config, prompt, prediction=predicted)
+                        if fresh
+                        else ref
+                    )
+                    runs[config].append(run)
                     print(progress_line(model, workload, config, runs[config][-1]), flush=True)
             ref_tok_s = statistics.median(run.tok_s for run in runs[NONE])
             for config in configs:

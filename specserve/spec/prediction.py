@@ -29,10 +29,10 @@ MAX_MATCH = 8  # output tokens compared when realigning; also the tier of an unb
 
 @dataclass
 class _Slot:
-    prompt_len: int = 0
+    seen: int  # context length at the last draft (the prompt's, before the first)
+    first: int  # where the output starts in the context (the prompt's length)
     predicted: np.ndarray | None = None  # int64 token ids
     at: int = 0  # the predicted token expected next
-    seen: int = 0  # context length at the last draft
     match: int = 0  # tokens the current alignment rests on (the tier)
 
 
@@ -44,7 +44,7 @@ class PredictionSpeculator(Speculator):
         self._slots: dict[int, _Slot] = {}
 
     def _begin(self, slot: int, prompt: Sequence[int]) -> None:
-        self._slots[slot] = _Slot(prompt_len=len(prompt))
+        self._slots[slot] = _Slot(seen=len(prompt), first=len(prompt))
 
     def _reset(self, slot: int) -> None:
         self._slots.pop(slot, None)
@@ -55,26 +55,27 @@ class PredictionSpeculator(Speculator):
     def _one(self, req: DraftRequest) -> Draft:
         if not req.prediction:
             return Draft()
-        s = slot_state(self._slots, req.slot, _Slot)
+        # a slot the engine did not begin (drafting driven directly): its context is output
+        s = slot_state(self._slots, req.slot, lambda: _Slot(seen=0, first=0))
         if s.predicted is None:
             s.predicted = np.asarray(req.prediction, dtype=np.int64)
-        output = req.tokens[s.prompt_len :]
-        self._follow(s, output, len(req.tokens))
+        self._follow(s, req.tokens)
         if not s.match or s.at >= len(s.predicted):
             return Draft()
         return Draft(s.predicted[s.at : s.at + req.n_max].tolist(), tier=s.match)
 
-    def _follow(self, s: _Slot, output: Sequence[int], length: int) -> None:
+    def _follow(self, s: _Slot, tokens: Sequence[int]) -> None:
         """Move the slot's point past the tokens emitted since the last draft, or realign."""
         assert s.predicted is not None
-        new = output[len(output) - (length - s.seen) :] if s.seen else output
-        s.seen = length
+        new = tokens[s.seen :]
+        s.seen = len(tokens)
         ahead = s.predicted[s.at : s.at + len(new)]
         if s.match and len(ahead) == len(new) and np.array_equal(ahead, new):
             s.at += len(new)
             s.match = MAX_MATCH
             return
-        s.at, s.match = _realign(s.predicted, output[-MAX_MATCH:], s.at)
+        recent = tokens[max(s.first, len(tokens) - MAX_MATCH) :]
+        s.at, s.match = _realign(s.predicted, recent, s.at)
 
 
 def _realign(predicted: np.ndarray, recent: Sequence[int], after: int) -> tuple[int, int]:
