@@ -156,18 +156,6 @@ struct Q8 : lowbit::Q8Layout {
   }
 };
 
-// 16-bit sums of steps 2i and 2i+1 for R rows (each product <= 31 * 127)
-template <int R>
-LOWBIT_INLINE void add_pair(__m256i lo, __m256i hi, const XRows& x, const int64_t* idx, int i,
-                            __m256i* s) {
-  for (int r = 0; r < R; ++r) {
-    const int8_t* xr = x.q + idx[r] * BLOCK;
-    const __m256i a = _mm256_maddubs_epi16(lo, broadcast4(xr, 2 * i));
-    const __m256i b = _mm256_maddubs_epi16(hi, broadcast4(xr, 2 * i + 1));
-    s[r] = _mm256_add_epi16(s[r], _mm256_add_epi16(a, b));
-  }
-}
-
 struct Q4 : lowbit::Q4Layout {
   template <int R>
   static LOWBIT_INLINE void dots(const uint8_t* rec, const XRows& x, const int64_t* idx,
@@ -177,7 +165,7 @@ struct Q4 : lowbit::Q4Layout {
     for (int i = 0; i < 4; ++i) {  // 8 steps of 2 products <= 15 * 127: fits 16 bits
       __m256i lo, hi;
       nibble_pair(rec + WEIGHTS, i, lo, hi);
-      add_pair<R>(lo, hi, x, idx, i, s);
+      sum_pair16<R>(lo, hi, x, idx, i, s);
     }
     const __m256i ones = _mm256_set1_epi16(1);
     for (int r = 0; r < R; ++r) d[r] = _mm256_madd_epi16(s[r], ones);
@@ -190,7 +178,7 @@ struct Q5 : lowbit::Q5Layout {
                                  const int64_t* idx, __m256i* s) {
     __m256i lo, hi;
     q5_pair<I>(rec, plane, lo, hi);
-    add_pair<R>(lo, hi, x, idx, I, s);
+    sum_pair16<R>(lo, hi, x, idx, I, s);
   }
   template <int R>
   static LOWBIT_INLINE void dots(const uint8_t* rec, const XRows& x, const int64_t* idx,

@@ -126,6 +126,19 @@ LOWBIT_INLINE void nibble_pair(const uint8_t* nibbles, int i, __m256i& lo, __m25
   hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), mask);
 }
 
+// 16-bit sums of steps 2i and 2i+1 (bytes lo, hi: unsigned weights) for R rows, added into
+// s; q4, q5 and q4k products (<= 31 * 127 each) fit 16 bits for several steps
+template <int R>
+LOWBIT_INLINE void sum_pair16(__m256i lo, __m256i hi, const XRows& x, const int64_t* idx, int i,
+                              __m256i* s) {
+  for (int r = 0; r < R; ++r) {
+    const int8_t* xr = x.q + idx[r] * BLOCK;
+    const __m256i a = _mm256_maddubs_epi16(lo, broadcast4(xr, 2 * i));
+    const __m256i b = _mm256_maddubs_epi16(hi, broadcast4(xr, 2 * i + 1));
+    s[r] = _mm256_add_epi16(s[r], _mm256_add_epi16(a, b));
+  }
+}
+
 // Bit J of each byte of the fifth-bit plane, moved to bit 4 (the value 16).
 template <int J>
 LOWBIT_INLINE __m256i fifth(__m256i plane) {
@@ -287,12 +300,7 @@ LOWBIT_INLINE void q4k_tile(const uint8_t* records, const XRows& x, int64_t m0, 
       for (int i = 0; i < 4; ++i) {  // 8 steps of 2 products <= 15 * 127: fits 16 bits
         __m256i lo, hi;
         nibble_pair(nib, i, lo, hi);
-        for (int r = 0; r < R; ++r) {
-          const int8_t* xr = x.q + idx[r] * BLOCK;
-          const __m256i a = _mm256_maddubs_epi16(lo, broadcast4(xr, 2 * i));
-          const __m256i c = _mm256_maddubs_epi16(hi, broadcast4(xr, 2 * i + 1));
-          s[r] = _mm256_add_epi16(s[r], _mm256_add_epi16(a, c));
-        }
+        sum_pair16<R>(lo, hi, x, idx, i, s);
       }
       const __m256i sc = bytes_u32(rec + L::SC + b * TILE);
       const __m256i pairs = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
