@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from specserve.engine.logprobs import TokenLogprob, token_logprobs
 from specserve.engine.prompt_cache import PromptCache
 from specserve.engine.request import Request, Status
 from specserve.engine.runner import DEFAULT_SNAPSHOT_DEPTH, ModelRunner, SlotInput
@@ -32,6 +33,7 @@ class StepOutput:
     request: Request
     tokens: list[int]
     finished: bool
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per token, if asked
 
 
 class Engine:
@@ -113,7 +115,9 @@ class Engine:
                 for (req, _, _), v in zip(verified, results, strict=True)
             }
         )
-        out += [self._accept(req, d, v) for (req, d, _), v in zip(verified, results, strict=True)]
+        out += [
+            self._accept(req, d, v, lg) for (req, d, lg), v in zip(verified, results, strict=True)
+        ]
         return [o for o in out if o is not None]
 
     def _measures_verify_cost(self, plan: StepPlan, rows: int, threads: int) -> bool:
@@ -128,14 +132,17 @@ class Engine:
             return False
         return not self.threads or threads == self.threads.best(rows)
 
-    def _accept(self, req: Request, draft: Draft, result: VerifyResult) -> StepOutput:
-        """Feed the verification back (speculator, draft budget, statistics), then emit."""
+    def _accept(
+        self, req: Request, draft: Draft, result: VerifyResult, rows: torch.Tensor
+    ) -> StepOutput:
+        """Feed the verification back (speculator, draft budget, statistics), then emit
+        (rows: the slot's raw logits, row i the one that decided result.tokens[i])."""
         if self.speculator is not None:
             self.speculator.accept(req.slot, result.accepted)
         self.budget.update(req.slot, len(draft), result.accepted, req.spec.n_max)
         req.timings.draft_n += len(draft)
         req.timings.draft_n_accepted += result.accepted
-        return self._emit(req, result.tokens)
+        return self._emit(req, result.tokens, rows)
 
     def _draft(self, decoding: list[Request], base_rows: int) -> list[Draft]:
         wanted = [r for r in decoding if r.spec.n_max > 0]
@@ -176,10 +183,11 @@ class Engine:
         req.timings.t_first = time.perf_counter()
         if self.speculator is not None:
             self.speculator.begin(req.slot, req.prompt)
-        return self._emit(req, self._sample(req, logits, Draft()).tokens)
+        return self._emit(req, self._sample(req, logits, Draft()).tokens, logits)
 
-    def _emit(self, req: Request, tokens: list[int]) -> StepOutput:
-        """Append verified tokens up to the first stop; finish the request if it stopped."""
+    def _emit(self, req: Request, tokens: list[int], rows: torch.Tensor) -> StepOutput:
+        """Append verified tokens up to the first stop; finish the request if it stopped.
+        rows: raw logits, row i the one that decided tokens[i] (for logprobs)."""
         kept: list[int] = []
         reason = None
         for tok in tokens:
@@ -194,9 +202,13 @@ class Engine:
             if reason:
                 break
         req.timings.predicted_n = len(req.output)
+        logprobs = []
+        if req.params.logprobs is not None:
+            logprobs = token_logprobs(rows, kept, req.params.logprobs)
+            req.logprobs += logprobs
         if reason:
             self._finish(req, reason)
-        return StepOutput(req, kept, reason is not None)
+        return StepOutput(req, kept, reason is not None, logprobs)
 
     def _sample(self, req: Request, logits: torch.Tensor, draft: Draft) -> VerifyResult:
         """logits: [k + 1, V] for [last, d1..dk] -> the verified tokens of this request."""

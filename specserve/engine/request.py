@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
+from specserve.engine.logprobs import TokenLogprob
 from specserve.engine.sampling import SamplingParams
 
 _ids = itertools.count()
@@ -82,6 +83,7 @@ class Request:
     stop_ids: frozenset[int] = frozenset()
     id: int = field(default_factory=lambda: next(_ids))
     output: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, if asked
     status: Status = Status.WAITING
     finish_reason: str | None = None
     slot: int = -1

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specserve.engine.logprobs import MAX_TOP_LOGPROBS
 from specserve.spec.verify import Stream, argmax_rows, position_uniforms, sample_from_probs
 
 __all__ = [
@@ -57,6 +58,8 @@ class SamplingParams:
     stop_token_ids: generation ends after emitting one of these (the engine truncates).
     logit_bias: token id -> a value in [-100, 100] added to its logit (OpenAI's; -100 bans
     the token, +100 all but forces it).
+    logprobs: None = off; n = each emitted token's log-probability and the n most likely
+    tokens at its position (engine/logprobs.py; 0 = the token's own only).
     """
 
     temperature: float = 1.0
@@ -70,6 +73,7 @@ class SamplingParams:
     max_tokens: int = 256
     stop_token_ids: Sequence[int] = ()  # stored as a tuple
     logit_bias: Mapping[int, float] = field(default_factory=dict)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         self.stop_token_ids = tuple(self.stop_token_ids)
@@ -94,6 +98,8 @@ class SamplingParams:
              f"logit_bias keys must be token ids >= 0, got {list(bias)}"),
             (all(-100.0 <= b <= 100.0 for b in bias.values()),
              f"logit_bias values must be in [-100, 100], got {list(bias.values())}"),
+            (self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS,
+             f"top logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}"),
         ]  # fmt: skip
         for ok, message in checks:
             if not ok:

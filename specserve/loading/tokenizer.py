@@ -7,7 +7,11 @@ once under the cache folder (keyed by the file's path, size and mtime) and reloa
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
+from collections.abc import Callable, Sequence
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +46,25 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return str(self.hf.decode(ids, skip_special_tokens=skip_special))
 
+    def token_bytes(self, ids: Sequence[int]) -> list[bytes]:
+        """Each token's own bytes (OpenAI logprobs' `bytes`): a token may hold part of a
+        UTF-8 character, which decoding it alone would turn into U+FFFD."""
+        pieces = self.hf.convert_ids_to_tokens(list(ids))
+        # an id the vocabulary leaves unused (a model's rows are padded) spells nothing
+        return [b"" if p is None else self._piece_bytes(p) for p in pieces]
+
+    @cached_property
+    def _piece_bytes(self) -> Callable[[str], bytes]:
+        """How this vocabulary spells bytes in its pieces, from the tokenizer's decoder."""
+        decoder = getattr(getattr(self.hf, "backend_tokenizer", None), "decoder", None)
+        spec = json.loads(decoder.__getstate__()) if decoder is not None else {}
+        kinds = {spec.get("type")} | {d.get("type") for d in spec.get("decoders", [])}
+        if "ByteLevel" in kinds:  # GPT-2's byte-to-character map (Qwen, Llama 3)
+            return _byte_level_bytes
+        if "ByteFallback" in kinds:  # SentencePiece: "▁" is a space, "<0x0A>" one byte
+            return _byte_fallback_bytes
+        return lambda piece: piece.encode()
+
     def chat(self, messages: list[dict[str, Any]]) -> list[int]:
         """Messages -> prompt ids with the generation prompt appended."""
         if not self.has_chat_template:
@@ -49,6 +72,32 @@ class Tokenizer:
         text = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         # the template writes special tokens as text (BOS included), so add none here
         return self.encode_text(text)
+
+
+@cache
+def _byte_level_chars() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: printable Latin-1 bytes stand for themselves, every
+    other byte b for the character 256 + (its rank among those others)."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = [b for b in range(256) if b not in printable]
+    chars = {chr(b): b for b in printable}
+    chars.update({chr(256 + n): b for n, b in enumerate(others)})
+    return chars
+
+
+def _byte_level_bytes(piece: str) -> bytes:
+    chars = _byte_level_chars()
+    if all(c in chars for c in piece):
+        return bytes(chars[c] for c in piece)
+    return piece.encode()  # an added token written as text (<|im_end|>)
+
+
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _byte_fallback_bytes(piece: str) -> bytes:
+    byte = _BYTE_PIECE.fullmatch(piece)
+    return bytes([int(byte[1], 16)]) if byte else piece.replace("\u2581", " ").encode()
 
 
 def load_tokenizer(path: Path) -> Tokenizer:

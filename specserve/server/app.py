@@ -28,7 +28,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specserve.engine.request import SpecParams
 from specserve.loading.tokenizer import Tokenizer
 from specserve.server import metrics
-from specserve.server.generate import ApiError, Generator
+from specserve.server.errors import ApiError
+from specserve.server.generate import Generator
 from specserve.server.loop import EngineLoop
 from specserve.server.protocol import (
     ChatCompletionRequest,

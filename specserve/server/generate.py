@@ -3,14 +3,15 @@
 Every endpoint does the same four things: check the body, build the prompt ids, submit
 (`_start`: settings checked, queue full -> 503, engine refusal -> 400), then either
 collect the text or stream it. The text always comes from one `TextStream`, so streaming
-and non-streaming give the same text.
+and non-streaming give the same text; it gets the tokens one at a time, so a stop string
+ends the text, the token count and the logprobs where decoding without drafts would.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
@@ -22,7 +23,8 @@ from specserve.engine.request import SpecParams
 from specserve.engine.sampling import SamplingParams
 from specserve.errors import SpecserveError
 from specserve.loading.tokenizer import Tokenizer
-from specserve.server import streams
+from specserve.server import logprobs, streams
+from specserve.server.errors import ApiError
 from specserve.server.loop import EngineFailure, EngineLoop, Handle, QueueFull
 from specserve.server.protocol import (
     ChatCompletionRequest,
@@ -32,30 +34,8 @@ from specserve.server.protocol import (
     ResponsesRequest,
     SpeculativeSettings,
 )
-from specserve.server.streams import Finish
+from specserve.server.streams import Delta, Finish
 from specserve.server.text import TextStream
-
-
-class ApiError(Exception):
-    """An error the client gets as OpenAI's error body with this status."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str | None = None,
-        param: str | None = None,
-        code: str | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type or ("invalid_request_error" if status < 500 else "server_error")
-        self.param = param
-        self.code = code
-        self.headers: dict[str, str] = dict(headers or {})
 
 
 class EngineStream(StreamingResponse):
@@ -104,8 +84,8 @@ class Generator:
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             return EngineStream(handle, streams.chat(ids, _errors_as_events(run), usage))
-        text, fin = await _collect(run, handle, request)
-        return JSONResponse(streams.chat_completion(ids, text, fin))
+        got, fin = await _collect(run, handle, request)
+        return JSONResponse(streams.chat_completion(ids, got, fin))
 
     async def completion(self, body: CompletionRequest, request: Request) -> Response:
         self._check(body)
@@ -118,8 +98,8 @@ class Generator:
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             return EngineStream(handle, streams.completion(ids, _errors_as_events(run), usage))
-        text, fin = await _collect(run, handle, request)
-        return JSONResponse(streams.completion_object(ids, text, fin))
+        got, fin = await _collect(run, handle, request)
+        return JSONResponse(streams.completion_object(ids, got, fin))
 
     async def response(self, body: ResponsesRequest, request: Request) -> Response:
         self._check(body)
@@ -135,8 +115,8 @@ class Generator:
         ids = streams.Ids("resp_" + uuid.uuid4().hex, self.model_id)
         if body.stream:
             return EngineStream(handle, streams.response_events(ids, _errors_as_events(run)))
-        text, fin = await _collect(run, handle, request)
-        return JSONResponse(streams.response_object(ids, text, fin))
+        got, fin = await _collect(run, handle, request)
+        return JSONResponse(streams.response_object(ids, got, fin))
 
     # -- checks and prompts ----------------------------------------------------------------
     def _check(self, body: GenerationRequest) -> None:
@@ -225,9 +205,10 @@ class Generator:
     # -- running ---------------------------------------------------------------------------
     async def _start(
         self, body: GenerationRequest, prompt: list[int], asked: int | None, param: str
-    ) -> tuple[Handle, AsyncIterator[str | Finish]]:
+    ) -> tuple[Handle, AsyncIterator[Delta | Finish]]:
         """Check the settings, submit, and wait until the engine has taken the request."""
-        params = _sampling(body, self._max_tokens(len(prompt), asked, param))
+        top = logprobs.asked(body)
+        params = _sampling(body, self._max_tokens(len(prompt), asked, param), top)
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         req = EngineRequest(prompt, params, self._spec(body.speculative), self.tok.eog_ids)
         req.cache_prompt = body.cache_prompt
@@ -250,20 +231,30 @@ class Generator:
         except asyncio.CancelledError:
             handle.cancel()
             raise
-        return handle, _run(handle, TextStream(self.tok.decode, stop))
+        tok = self.tok if top is not None else None
+        return handle, _run(handle, TextStream(self.tok.decode, stop), tok)
 
 
-async def _run(handle: Handle, text: TextStream) -> AsyncIterator[str | Finish]:
-    """Text deltas as the engine produces them, then one Finish."""
+async def _run(
+    handle: Handle, text: TextStream, tok: Tokenizer | None
+) -> AsyncIterator[Delta | Finish]:
+    """Text deltas (with their tokens' logprobs when `tok` is given) as the engine produces
+    them, then one Finish."""
     prompt_n = len(handle.request.prompt)
     async for event in handle.events():
-        delta = text.push(event.tokens)
+        delta, used = "", 0
+        for token in event.tokens:
+            delta += text.push([token])
+            used += 1
+            if text.stopped:
+                break
         if text.stopped:
             handle.cancel()  # a stop string ended it: free the slot now
         elif event.finished:
             delta += text.flush()
-        if delta:
-            yield delta
+        items = None if tok is None else logprobs.to_openai(tok, event.logprobs[:used])
+        if delta or items:
+            yield Delta(delta, items)
         if text.stopped or event.finished:
             reason = "stop" if text.stopped else event.finish_reason or "stop"
             timings = event.timings or handle.request.timings.as_dict()
@@ -271,23 +262,26 @@ async def _run(handle: Handle, text: TextStream) -> AsyncIterator[str | Finish]:
             return
 
 
-async def _prefixed(first: str, run: AsyncIterator[str | Finish]) -> AsyncIterator[str | Finish]:
+async def _prefixed(
+    first: str, run: AsyncIterator[Delta | Finish]
+) -> AsyncIterator[Delta | Finish]:
     if first:
-        yield first
+        yield Delta(first)
     async for item in run:
         yield item
 
 
 async def _collect(
-    run: AsyncIterator[str | Finish], handle: Handle, request: Request
-) -> tuple[str, Finish]:
-    """A whole generation's text; the request is cancelled if the client goes away."""
+    run: AsyncIterator[Delta | Finish], handle: Handle, request: Request
+) -> tuple[Delta, Finish]:
+    """A whole generation's text (and logprobs); the request is cancelled if the client
+    goes away."""
     watcher = asyncio.create_task(_cancel_on_disconnect(request, handle))
-    parts: list[str] = []
+    parts: list[Delta] = []
     try:
         async for item in run:
             if isinstance(item, Finish):
-                return "".join(parts), item
+                return Delta.join(parts), item
             parts.append(item)
     except EngineFailure as e:
         raise ApiError(500, str(e)) from e
@@ -298,8 +292,8 @@ async def _collect(
 
 
 async def _errors_as_events(
-    run: AsyncIterator[str | Finish],
-) -> AsyncIterator[str | Finish | Exception]:
+    run: AsyncIterator[Delta | Finish],
+) -> AsyncIterator[Delta | Finish | Exception]:
     """Once a stream has started, an engine failure can only be reported inside it."""
     try:
         async for item in run:
@@ -319,8 +313,6 @@ async def _cancel_on_disconnect(request: Request, handle: Handle) -> None:
 
 def unsupported(body: GenerationRequest) -> None:
     """Refuse, naming it, a field that would change the output but is not implemented."""
-    if body.logprobs or body.top_logprobs:
-        raise ApiError(400, "logprobs are not supported", param="logprobs")
     fmt = body.response_format
     if fmt is not None and fmt.type != "text":
         raise ApiError(
@@ -356,7 +348,7 @@ def _logit_bias(asked: dict[str, float] | None) -> dict[int, float]:
     return bias
 
 
-def _sampling(body: GenerationRequest, max_tokens: int) -> SamplingParams:
+def _sampling(body: GenerationRequest, max_tokens: int, top: int | None) -> SamplingParams:
     fields: dict[str, Any] = {
         name: getattr(body, name)
         for name in (
@@ -366,9 +358,8 @@ def _sampling(body: GenerationRequest, max_tokens: int) -> SamplingParams:
         if getattr(body, name) is not None
     }  # fmt: skip
     try:
-        return SamplingParams(
-            max_tokens=max_tokens, logit_bias=_logit_bias(body.logit_bias), **fields
-        )
+        bias = _logit_bias(body.logit_bias)
+        return SamplingParams(max_tokens=max_tokens, logit_bias=bias, logprobs=top, **fields)
     except ValueError as e:
         raise ApiError(400, str(e)) from e
 

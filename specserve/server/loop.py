@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from specserve.engine.engine import Engine, StepOutput
+from specserve.engine.logprobs import TokenLogprob
 from specserve.engine.request import Request
 from specserve.engine.threads import ComputeThread
 from specserve.errors import SpecserveError
@@ -55,6 +56,7 @@ class Event:
     finish_reason: str | None = None
     timings: Timings | None = None
     error: Exception | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per token, if asked
 
 
 @dataclass(frozen=True)
@@ -283,7 +285,8 @@ class EngineLoop:
             timings = None
         if handle is None:
             return None
-        return handle, Event(out.tokens, out.finished, req.finish_reason, timings)
+        event = Event(out.tokens, out.finished, req.finish_reason, timings, logprobs=out.logprobs)
+        return handle, event
 
     def _fail_all(self, error: Exception) -> None:
         failure = EngineFailure(f"the engine failed: {type(error).__name__}: {error}")

@@ -3,8 +3,11 @@
 Requests accept (and ignore) fields we do not model, as OpenAI clients send many
 (`user`, `metadata`, ...); fields we do model are type-checked, and a wrong type is a 400.
 Fields that would change the output but are not implemented (`response_format` other
-than text, `tools`, `best_of`, `suffix`, `logprobs`) are modelled only to be refused with
-a 400 that names them: ignoring them would return text the client did not ask for.
+than text, `tools`, `best_of`, `suffix`) are modelled only to be refused with a 400 that
+names them: ignoring them would return text the client did not ask for. Logprobs come in
+each endpoint's own shape: chat's `logprobs: true` + `top_logprobs`, legacy completions'
+`logprobs: N`, the Responses API's `include: ["message.output_text.logprobs"]` +
+`top_logprobs`.
 Extensions beyond OpenAI (as vLLM and llama.cpp spell them): `top_k`, `min_p`,
 `repetition_penalty`, `stop_token_ids`, `cache_prompt` (llama.cpp's: false prefills the
 whole prompt even when its slot holds a prefix of it), and `speculative`:
@@ -144,6 +147,7 @@ class ResponsesRequest(GenerationRequest):
     input: str | list[ResponsesInputMessage]
     instructions: str | None = None
     max_output_tokens: int | None = None
+    include: list[str] | None = None  # "message.output_text.logprobs" asks for logprobs
 
 
 # -- responses ------------------------------------------------------------------------------
@@ -157,6 +161,34 @@ class Usage(BaseModel):
     prompt_tokens_details: dict[str, int] = Field(default_factory=lambda: {"cached_tokens": 0})
 
 
+class TopLogprob(BaseModel):
+    """A token at one position and its log-probability (`bytes`: the token's own bytes)."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprobs(TopLogprob):
+    """An emitted token with the most likely tokens at its position (chat, Responses)."""
+
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprobs]
+    refusal: None = None
+
+
+class CompletionLogprobs(BaseModel):
+    """Legacy completions' logprobs: parallel lists, text_offset in characters of the text."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str
@@ -166,7 +198,7 @@ class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -194,7 +226,7 @@ class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(BaseModel):
@@ -211,7 +243,7 @@ class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(BaseModel):
@@ -230,6 +262,7 @@ class OutputText(BaseModel):
     type: Literal["output_text"] = "output_text"
     text: str
     annotations: list[Any] = Field(default_factory=list)
+    logprobs: list[TokenLogprobs] = Field(default_factory=list)
 
 
 class OutputMessage(BaseModel):

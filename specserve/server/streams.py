@@ -1,8 +1,9 @@
 """OpenAI response bodies and their server-sent-event streams, from text deltas + a Finish.
 
-A run is an async iterator of text deltas (str), ending with one `Finish`, or with an
-Exception when the engine failed after the stream had started (then the stream carries
-OpenAI's `{"error": ...}` body, which the openai client raises as APIError).
+A run is an async iterator of `Delta`s (text, and its tokens' logprobs when asked), ending
+with one `Finish`, or with an Exception when the engine failed after the stream had started
+(then the stream carries OpenAI's `{"error": ...}` body, which the openai client raises as
+APIError).
 
 Chat and legacy completions stream `data: {chunk}` lines and end with `data: [DONE]`;
 the Responses API streams typed events (`event: response.output_text.delta`, ...) and,
@@ -19,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from specserve.server.logprobs import legacy
 from specserve.server.loop import Timings
 from specserve.server.protocol import (
     AssistantMessage,
@@ -27,6 +29,7 @@ from specserve.server.protocol import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatDelta,
+    ChoiceLogprobs,
     Completion,
     CompletionChoice,
     ErrorDetail,
@@ -35,8 +38,23 @@ from specserve.server.protocol import (
     OutputText,
     ResponseObject,
     ResponsesUsage,
+    TokenLogprobs,
     Usage,
 )
+
+
+@dataclass
+class Delta:
+    """New text, and the logprobs of the tokens behind it (None: the request asked none)."""
+
+    text: str
+    logprobs: list[TokenLogprobs] | None = None
+
+    @classmethod
+    def join(cls, parts: list[Delta]) -> Delta:
+        items = [p.logprobs for p in parts if p.logprobs is not None]
+        joined = [i for part in items for i in part] if items else None
+        return cls("".join(p.text for p in parts), joined)
 
 
 @dataclass
@@ -49,7 +67,7 @@ class Finish:
     timings: Timings
 
 
-Run = AsyncIterator[str | Finish | Exception]
+Run = AsyncIterator[Delta | Finish | Exception]
 
 
 @dataclass
@@ -87,8 +105,16 @@ def _usage(fin: Finish) -> Usage:
 # -- chat completions -----------------------------------------------------------------------
 
 
-def chat_completion(ids: Ids, text: str, fin: Finish) -> dict[str, Any]:
-    choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=fin.reason)
+def _chat_logprobs(items: list[TokenLogprobs] | None) -> ChoiceLogprobs | None:
+    return None if items is None else ChoiceLogprobs(content=items)
+
+
+def chat_completion(ids: Ids, got: Delta, fin: Finish) -> dict[str, Any]:
+    choice = ChatChoice(
+        message=AssistantMessage(content=got.text),
+        finish_reason=fin.reason,
+        logprobs=_chat_logprobs(got.logprobs),
+    )
     body = ChatCompletion(
         id=ids.id,
         created=ids.created,
@@ -112,8 +138,9 @@ async def chat(ids: Ids, run: Run, include_usage: bool) -> AsyncIterator[str]:
         if isinstance(item, Exception):
             yield _error(item)
             return
-        if isinstance(item, str):
-            yield chunk([ChatChunkChoice(delta=ChatDelta(content=item))])
+        if isinstance(item, Delta):
+            delta = ChatDelta(content=item.text)
+            yield chunk([ChatChunkChoice(delta=delta, logprobs=_chat_logprobs(item.logprobs))])
             continue
         last = ChatChunkChoice(delta=ChatDelta(), finish_reason=item.reason)
         yield chunk([last], timings=item.timings)
@@ -125,12 +152,13 @@ async def chat(ids: Ids, run: Run, include_usage: bool) -> AsyncIterator[str]:
 # -- legacy completions ---------------------------------------------------------------------
 
 
-def completion_object(ids: Ids, text: str, fin: Finish) -> dict[str, Any]:
+def completion_object(ids: Ids, got: Delta, fin: Finish) -> dict[str, Any]:
+    lp = None if got.logprobs is None else legacy(got.logprobs)
     body = Completion(
         id=ids.id,
         created=ids.created,
         model=ids.model,
-        choices=[CompletionChoice(text=text, finish_reason=fin.reason)],
+        choices=[CompletionChoice(text=got.text, finish_reason=fin.reason, logprobs=lp)],
         usage=_usage(fin),
         timings=fin.timings,
     )
@@ -142,12 +170,15 @@ async def completion(ids: Ids, run: Run, include_usage: bool) -> AsyncIterator[s
         body = Completion(id=ids.id, created=ids.created, model=ids.model, choices=choices, **extra)
         return _data(body)
 
+    offset = 0  # characters of the tokens before this chunk's (legacy text_offset)
     async for item in run:
         if isinstance(item, Exception):
             yield _error(item)
             return
-        if isinstance(item, str):
-            yield chunk([CompletionChoice(text=item)])
+        if isinstance(item, Delta):
+            lp = None if item.logprobs is None else legacy(item.logprobs, offset)
+            offset += sum(len(t) for t in lp.tokens) if lp else 0
+            yield chunk([CompletionChoice(text=item.text, logprobs=lp)])
             continue
         yield chunk([CompletionChoice(text="", finish_reason=item.reason)], timings=item.timings)
         if include_usage:
@@ -158,15 +189,15 @@ async def completion(ids: Ids, run: Run, include_usage: bool) -> AsyncIterator[s
 # -- responses ------------------------------------------------------------------------------
 
 
-def response_object(ids: Ids, text: str | None, fin: Finish | None) -> dict[str, Any]:
-    """The Response: in progress (text None), completed, or incomplete (length)."""
+def response_object(ids: Ids, got: Delta | None, fin: Finish | None) -> dict[str, Any]:
+    """The Response: in progress (got None), completed, or incomplete (length)."""
     status: Literal["in_progress", "completed", "incomplete"] = "in_progress"
     if fin is not None:
         status = "incomplete" if fin.reason == "length" else "completed"
     output = []
-    if text is not None:
-        message = OutputMessage(id=_message_id(ids), status=status, content=[OutputText(text=text)])
-        output.append(message)
+    if got is not None:
+        content = OutputText(text=got.text, logprobs=got.logprobs or [])
+        output.append(OutputMessage(id=_message_id(ids), status=status, content=[content]))
     body = ResponseObject(
         id=ids.id,
         created_at=ids.created,
@@ -178,6 +209,10 @@ def response_object(ids: Ids, text: str | None, fin: Finish | None) -> dict[str,
         timings=None if fin is None else fin.timings,
     )
     return body.model_dump(mode="json")
+
+
+def _dumped(items: list[TokenLogprobs] | None) -> list[dict[str, Any]]:
+    return [i.model_dump(mode="json") for i in items or []]
 
 
 def _message_id(ids: Ids) -> str:
@@ -215,21 +250,23 @@ async def response_events(ids: Ids, run: Run) -> AsyncIterator[str]:
     yield event("response.output_item.added", output_index=0, item=item)
     part = {"type": "output_text", "text": "", "annotations": []}
     yield event("response.content_part.added", **where, part=part)
-    parts: list[str] = []
+    parts: list[Delta] = []
     async for got in run:
         if isinstance(got, Exception):
             yield _data(
                 ErrorResponse(error=ErrorDetail(message=str(got), type="server_error")), "error"
             )
             return
-        if isinstance(got, str):
+        if isinstance(got, Delta):
             parts.append(got)
-            yield event("response.output_text.delta", **where, delta=got, logprobs=[])
+            lp = _dumped(got.logprobs)
+            yield event("response.output_text.delta", **where, delta=got.text, logprobs=lp)
             continue
-        text = "".join(parts)
-        final = response_object(ids, text, got)
-        yield event("response.output_text.done", **where, text=text, logprobs=[])
-        yield event("response.content_part.done", **where, part={**part, "text": text})
+        whole = Delta.join(parts)
+        final = response_object(ids, whole, got)
+        lp = _dumped(whole.logprobs)
+        yield event("response.output_text.done", **where, text=whole.text, logprobs=lp)
+        yield event("response.content_part.done", **where, part=final["output"][0]["content"][0])
         yield event("response.output_item.done", output_index=0, item=final["output"][0])
         kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
         yield event(kind, response=final)

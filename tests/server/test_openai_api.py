@@ -221,8 +221,6 @@ BAD_INPUTS = {
         "only text content",
     ),
     # fields that would change the output, not implemented: refused, never ignored
-    "logprobs": (CHAT, {"messages": HELLO, "logprobs": True}, 400, "logprobs are not supported"),
-    "top-logprobs": (CHAT, {"messages": HELLO, "top_logprobs": 2}, 400, "logprobs are not"),
     "json-response-format": (
         CHAT,
         {"messages": HELLO, "response_format": {"type": "json_object"}},

@@ -10,6 +10,7 @@ from specserve.engine.engine import Engine
 from specserve.engine.request import Request, SpecParams
 from specserve.engine.runner import ModelRunner
 from specserve.engine.sampling import SamplingParams
+from specserve.models.layers.invariant import make_batch_invariant
 from specserve.spec.base import Speculator
 from specserve.spec.registry import build_speculator
 from tests.spec.cases_seen import CasesSeen
@@ -44,6 +45,18 @@ def _prompts() -> list[list[int]]:
 GREEDY = SamplingParams(temperature=0, max_tokens=N_TOKENS)
 
 
+def _requests(
+    model,  # noqa: ANN001
+    speculator: Speculator | None,
+    n_max: int,
+    prompts: list[list[int]],
+    params: SamplingParams = GREEDY,
+) -> list[Request]:
+    engine = Engine(ModelRunner(model, num_slots=len(prompts), max_len=CTX), speculator)
+    reqs = [Request(p, params, SpecParams(n_max=n_max, p_min=0.5)) for p in prompts]
+    return engine.generate(reqs)
+
+
 def _run(
     model,  # noqa: ANN001
     speculator: Speculator | None,
@@ -51,10 +64,7 @@ def _run(
     prompts: list[list[int]],
     params: SamplingParams = GREEDY,
 ) -> list[list[int]]:
-    engine = Engine(ModelRunner(model, num_slots=len(prompts), max_len=CTX), speculator)
-    reqs = [Request(p, params, SpecParams(n_max=n_max, p_min=0.5)) for p in prompts]
-    engine.generate(reqs)
-    return [r.output for r in reqs]
+    return [r.output for r in _requests(model, speculator, n_max, prompts, params)]
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +132,54 @@ def test_speculation_equals_plain_with_sampling_settings(
     assert spec is not None
     assert _run(target, spec, 16, prompts, params) == plain
     assert spec.stats.tokens_accepted > 0  # drafts were verified and kept
+
+
+@pytest.fixture(scope="module")
+def invariant_target(target):  # noqa: ANN001, ANN201
+    """The target in --deterministic's batch-invariant mode."""
+    import copy
+
+    model = copy.deepcopy(target)
+    make_batch_invariant(model)
+    return model
+
+
+@pytest.mark.parametrize(
+    "types, settings, invariant",
+    [
+        ("ngram-map-k,suffix,draft", dict(temperature=0), True),
+        (
+            "ngram-map-k,suffix",
+            dict(temperature=0.5, top_k=3, seed=7, repetition_penalty=1.02),
+            False,
+        ),
+    ],
+    ids=["greedy-deterministic", "sampled-penalties"],
+)
+def test_logprobs_with_speculation_equal_plain(
+    types: str, settings: dict, invariant: bool, target, invariant_target, close_draft
+) -> None:  # noqa: ANN001
+    """Each token's log-probability and top 5 come from the row that decided it, so a
+    verification row gives what a one-row decode step gives: to the bit in the batch-
+    invariant mode, to float64 rounding (~1e-15) in the default one."""
+    model = invariant_target if invariant else target
+    params = SamplingParams(**{"max_tokens": 64, "logprobs": 5, **settings})
+    prompts = _prompts()
+    plain = _requests(model, None, 0, prompts, params)
+    spec = build_speculator(types.split(","), ModelRunner(close_draft, 3, CTX), draft_cost=0.3)
+    assert spec is not None
+    fast = _requests(model, spec, 16, prompts, params)
+    assert spec.stats.tokens_accepted > 0
+    for a, b in zip(plain, fast, strict=True):
+        assert b.output == a.output
+        assert [e.token for e in a.logprobs] == a.output
+        if invariant:
+            assert b.logprobs == a.logprobs
+            continue
+        for x, y in zip(a.logprobs, b.logprobs, strict=True):
+            assert [t for t, _ in x.top] == [t for t, _ in y.top]
+            got = [y.logprob] + [v for _, v in y.top]
+            assert got == pytest.approx([x.logprob] + [v for _, v in x.top], abs=1e-12)
 
 
 def test_empty_rejected_and_full_drafts_all_occurred() -> None:
