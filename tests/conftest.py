@@ -36,6 +36,14 @@ def qwen05_f32(qwen05_path):  # noqa: ANN001, ANN201
 
 
 @pytest.fixture(scope="session")
+def qwen05_auto(qwen05_path):  # noqa: ANN001, ANN201
+    """The 0.5B as `serve` loads it: float32 activations, the file's low-bit weights."""
+    from specserve.loading.model import load_model
+
+    return load_model(qwen05_path, "float32", weights="auto")
+
+
+@pytest.fixture(scope="session")
 def qwen15_f32():  # noqa: ANN201
     """Qwen2.5-Coder-1.5B in float32 (pulled on first use: 1.1 GB), the 0.5B's target."""
     from specserve.loading.model import load_model

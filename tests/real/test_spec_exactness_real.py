@@ -94,21 +94,36 @@ CASES = [
 ]
 
 
-def generate(
-    target: Any, prompt: list[int], types: str, n_max: int, draft: Any = None
-) -> tuple[list[int], SpecStats | None]:
-    """Greedy tokens (exactly N_TOKENS: no stop token) and the speculator's statistics."""
+GREEDY = SamplingParams(temperature=0, max_tokens=N_TOKENS)
+
+
+def run(
+    target: Any,
+    prompt: list[int],
+    types: str,
+    n_max: int,
+    draft: Any = None,
+    params: SamplingParams = GREEDY,
+    prediction: list[int] | None = None,
+) -> tuple[Request, SpecStats | None]:
+    """The finished request and the speculator's statistics."""
     spec_types = tuple(types.split(",")) if types else ()
     settings = EngineSettings(ctx_size=len(prompt) + N_TOKENS + n_max + 8, spec_types=spec_types)
     engine, _ = build_engine(settings, target=target, progress=False, draft=draft)
     # drafts gated by the fixed prior, not by timings: on a busy machine the measured cost
     # of verify rows can refuse every draft, and then no accepted draft would be checked
     engine.cost.measure = False
-    req = Request(
-        prompt, SamplingParams(temperature=0, max_tokens=N_TOKENS), SpecParams(n_max=n_max)
-    )
+    req = Request(prompt, params, SpecParams(n_max=n_max), prediction=prediction or [])
     engine.generate([req])
-    return req.output, engine.speculator.stats if engine.speculator else None
+    return req, engine.speculator.stats if engine.speculator else None
+
+
+def generate(
+    target: Any, prompt: list[int], types: str, n_max: int, draft: Any = None
+) -> tuple[list[int], SpecStats | None]:
+    """Greedy tokens (exactly N_TOKENS: no stop token) and the speculator's statistics."""
+    req, stats = run(target, prompt, types, n_max, draft)
+    return req.output, stats
 
 
 def divergence(target: Any, prompt: list[int], ref: list[int], out: list[int]) -> str:
@@ -178,3 +193,39 @@ def test_draft_model_speculation_equals_plain_greedy_qwen15(
     out, stats = generate(qwen15_f32, prompt, types, 16, draft=qwen05_f32)
     assert stats is not None and stats.tokens_accepted > 0, stats
     assert out == ref, f"{prompt_name} {types}: " + divergence(qwen15_f32, prompt, ref, out)
+
+
+@pytest.mark.slow
+@pytest.mark.smoke
+def test_logprobs_with_speculation_equal_plain_qwen05(qwen05_auto, real_threads) -> None:  # noqa: ANN001
+    """The server's weights (--weights auto): each token's logprob and top 5 from a
+    verification row equal, to the bit, those of a one-row decode step."""
+    prompt = qwen05_auto.tokenizer.chat(CONVERSATIONS["rewrite"])
+    params = SamplingParams(temperature=0, max_tokens=N_TOKENS, logprobs=5)
+    plain, _ = run(qwen05_auto, prompt, "", 0, params=params)
+    fast, stats = run(qwen05_auto, prompt, "ngram-map-k,suffix", 16, params=params)
+    assert stats is not None and stats.tokens_accepted > 0, stats.as_dict()
+    assert fast.output == plain.output
+    differ = [
+        i for i, (a, b) in enumerate(zip(plain.logprobs, fast.logprobs, strict=True)) if a != b
+    ]
+    worst = max(
+        (abs(plain.logprobs[i].logprob - fast.logprobs[i].logprob) for i in differ), default=0
+    )
+    assert not differ, (
+        f"{len(differ)} tokens' logprobs differ, first at {differ[0]}, max {worst:.3g}"
+    )
+
+
+@pytest.mark.slow
+def test_predicted_output_equals_plain_greedy_qwen05(qwen05_f32, reference, real_threads) -> None:  # noqa: ANN001
+    """OpenAI's Predicted Outputs on the real model: the rewrite's answer predicted as the
+    first answer with some names changed; the output is the plain one, and much of it
+    came from the prediction."""
+    prompt, ref = reference.get(qwen05_f32, "rewrite")
+    edited = QUICKSORT_C.replace("arr", "array").replace("pivot", "pv")
+    prediction = qwen05_f32.tokenizer.encode_text(edited)
+    req, stats = run(qwen05_f32, prompt, "prediction", 16, prediction=prediction)
+    assert stats is not None
+    assert req.output == ref, divergence(qwen05_f32, prompt, ref, req.output)
+    assert stats.tokens_accepted >= N_TOKENS // 4, stats.as_dict()
