@@ -65,11 +65,16 @@ class Tokenizer:
             return _byte_fallback_bytes
         return lambda piece: piece.encode()
 
-    def chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Messages -> prompt ids with the generation prompt appended."""
+    def chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """Messages (and the tools the model may call) -> prompt ids with the generation
+        prompt appended."""
         if not self.has_chat_template:
             raise SpecserveError("this model has no chat template (a base model?): drop --chat")
-        text = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = self.hf.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=True
+        )
         # the template writes special tokens as text (BOS included), so add none here
         return self.encode_text(text)
 

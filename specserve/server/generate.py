@@ -10,6 +10,7 @@ ends the text, the token count and the logprobs where decoding without drafts wo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,11 +24,12 @@ from specserve.engine.request import SpecParams
 from specserve.engine.sampling import SamplingParams
 from specserve.errors import SpecserveError
 from specserve.loading.tokenizer import Tokenizer
-from specserve.server import logprobs, streams
+from specserve.server import logprobs, streams, tools
 from specserve.server.errors import ApiError
 from specserve.server.loop import EngineFailure, EngineLoop, Handle, QueueFull
 from specserve.server.protocol import (
     ChatCompletionRequest,
+    ChatMessage,
     CompletionRequest,
     ContentPart,
     GenerationRequest,
@@ -75,11 +77,16 @@ class Generator:
     # -- endpoints -------------------------------------------------------------------------
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
         self._check(body)
-        prompt = self._chat_prompt([(m.role, m.content) for m in body.messages])
+        offered = self._tools(body)
+        prompt = self._chat_prompt(
+            [tools.template_message(_turn(m)) for m in body.messages], offered
+        )
         use_mct = body.max_completion_tokens is not None
         limit = body.max_completion_tokens if use_mct else body.max_tokens
         param = "max_completion_tokens" if use_mct else "max_tokens"
         handle, run = await self._start(body, prompt, limit, param)
+        if offered:
+            run = _with_calls(run, [t["function"]["name"] for t in offered])
         ids = streams.Ids("chatcmpl-" + uuid.uuid4().hex, self.model_id)
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -103,13 +110,13 @@ class Generator:
 
     async def response(self, body: ResponsesRequest, request: Request) -> Response:
         self._check(body)
-        turns: list[tuple[str, str | list[ContentPart] | None]] = []
+        turns: list[dict[str, Any]] = []
         if body.instructions:
-            turns.append(("system", body.instructions))
+            turns.append({"role": "system", "content": body.instructions})
         if isinstance(body.input, str):
-            turns.append(("user", body.input))
+            turns.append({"role": "user", "content": body.input})
         else:
-            turns += [(m.role, m.content) for m in body.input]
+            turns += [{"role": m.role, "content": m.content} for m in body.input]
         prompt = self._chat_prompt(turns)
         handle, run = await self._start(body, prompt, body.max_output_tokens, "max_output_tokens")
         ids = streams.Ids("resp_" + uuid.uuid4().hex, self.model_id)
@@ -131,11 +138,36 @@ class Generator:
             raise ApiError(400, f"n must be 1 (one choice per request), got {body.n}", param="n")
         unsupported(body)
 
-    def _chat_prompt(self, turns: list[tuple[str, str | list[ContentPart] | None]]) -> list[int]:
+    def _chat_prompt(
+        self, turns: list[dict[str, Any]], offered: list[Any] | None = None
+    ) -> list[int]:
         if not self.tok.has_chat_template:
             raise ApiError(400, "this model has no chat template; use /v1/completions")
-        messages = [{"role": role, "content": _text_of(content)} for role, content in turns]
-        return self.tok.chat(messages)
+        messages = [{**t, "content": _text_of(t["content"])} for t in turns]
+        return self.tok.chat(messages, offered)
+
+    def _tools(self, body: ChatCompletionRequest) -> list[Any] | None:
+        """The tools to offer the model: none unless asked, and tool_choice "auto"."""
+        if not body.tools or body.tool_choice == "none":
+            return None
+        if body.tool_choice not in (None, "auto"):
+            raise ApiError(
+                400,
+                f"tool_choice {body.tool_choice!r} is not supported (it needs constrained "
+                'decoding); send "auto" or "none"',
+                param="tool_choice",
+            )
+        if not tools.template_calls_tools(getattr(self.tok.hf, "chat_template", None)):
+            raise ApiError(400, "this model's chat template has no tool calls", param="tools")
+        for tool in body.tools:
+            function = tool.get("function") if isinstance(tool, dict) else None
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                raise ApiError(
+                    400,
+                    'each tool must be {"type": "function", "function": {"name": ..., ...}}',
+                    param="tools",
+                )
+        return body.tools
 
     def _completion_prompt(self, prompt: str | list[str] | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -262,6 +294,26 @@ async def _run(
             return
 
 
+async def _with_calls(
+    run: AsyncIterator[Delta | Finish], names: list[str]
+) -> AsyncIterator[Delta | Finish]:
+    """Tool calls taken out of the text (server/tools.py); a reply that made calls and
+    stopped by itself finishes with "tool_calls", as OpenAI's do."""
+    calls = tools.ToolCallStream(names)
+    async for item in run:
+        if isinstance(item, Delta):
+            text, made = calls.push(item.text)
+            if text or made or item.logprobs:
+                yield Delta(text, item.logprobs, made)
+            continue
+        rest, made = calls.flush()
+        if rest or made:
+            yield Delta(rest, None, made)
+        if calls.calls and item.reason == "stop":
+            item = dataclasses.replace(item, reason="tool_calls")
+        yield item
+
+
 async def _prefixed(
     first: str, run: AsyncIterator[Delta | Finish]
 ) -> AsyncIterator[Delta | Finish]:
@@ -321,12 +373,14 @@ def unsupported(body: GenerationRequest) -> None:
             "ask for JSON in the prompt, or leave response_format out",
             param="response_format",
         )
-    if (body.tools or body.functions) and body.tool_choice != "none":
+    if body.functions and body.tool_choice != "none":
+        raise ApiError(400, "functions are not supported; send tools", param="functions")
+    if body.tools and body.tool_choice != "none" and not isinstance(body, ChatCompletionRequest):
         raise ApiError(
             400,
-            "tools are not supported (no tool-call parsing); leave them out, or send "
+            "tools are supported on /v1/chat/completions only; leave them out, or send "
             'tool_choice "none"',
-            param="tools" if body.tools else "functions",
+            param="tools",
         )
     if isinstance(body, CompletionRequest):
         if body.best_of not in (None, 1):
@@ -362,6 +416,16 @@ def _sampling(body: GenerationRequest, max_tokens: int, top: int | None) -> Samp
         return SamplingParams(max_tokens=max_tokens, logit_bias=bias, logprobs=top, **fields)
     except ValueError as e:
         raise ApiError(400, str(e)) from e
+
+
+def _turn(message: ChatMessage) -> dict[str, Any]:
+    """A chat message as the template reads it (a tool call's turn with its calls and ids)."""
+    turn: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        turn["tool_calls"] = message.tool_calls
+    if message.tool_call_id is not None:
+        turn["tool_call_id"] = message.tool_call_id
+    return turn
 
 
 def _text_of(content: str | list[ContentPart] | None) -> str:

@@ -3,7 +3,8 @@
 Requests accept (and ignore) fields we do not model, as OpenAI clients send many
 (`user`, `metadata`, ...); fields we do model are type-checked, and a wrong type is a 400.
 Fields that would change the output but are not implemented (`response_format` other
-than text, `tools`, `best_of`, `suffix`) are modelled only to be refused with a 400 that
+than text, `tools` outside chat or with a forced `tool_choice`, `best_of`, `suffix`) are
+modelled only to be refused with a 400 that
 names them: ignoring them would return text the client did not ask for. Logprobs come in
 each endpoint's own shape: chat's `logprobs: true` + `top_logprobs`, legacy completions'
 `logprobs: N`, the Responses API's `include: ["message.output_text.logprobs"]` +
@@ -118,6 +119,8 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant turn's calls
+    tool_call_id: str | None = None  # the call a tool turn answers
 
 
 class ChatCompletionRequest(GenerationRequest):
@@ -189,9 +192,27 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int]
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ToolCallDelta(ToolCall):
+    """A call in a stream chunk (sent whole; `index` counts the response's calls)."""
+
+    index: int
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -216,6 +237,7 @@ class ChatDelta(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
     @model_serializer(mode="wrap")
     def _drop_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

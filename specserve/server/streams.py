@@ -39,22 +39,27 @@ from specserve.server.protocol import (
     ResponseObject,
     ResponsesUsage,
     TokenLogprobs,
+    ToolCall,
+    ToolCallDelta,
     Usage,
 )
 
 
 @dataclass
 class Delta:
-    """New text, and the logprobs of the tokens behind it (None: the request asked none)."""
+    """New text, the logprobs of the tokens behind it (None: the request asked none), and
+    the tool calls that it completed (taken out of the text)."""
 
     text: str
     logprobs: list[TokenLogprobs] | None = None
+    calls: list[ToolCall] = field(default_factory=list)  # tool calls completed here
 
     @classmethod
     def join(cls, parts: list[Delta]) -> Delta:
         items = [p.logprobs for p in parts if p.logprobs is not None]
         joined = [i for part in items for i in part] if items else None
-        return cls("".join(p.text for p in parts), joined)
+        calls = [c for p in parts for c in p.calls]
+        return cls("".join(p.text for p in parts), joined, calls)
 
 
 @dataclass
@@ -110,8 +115,11 @@ def _chat_logprobs(items: list[TokenLogprobs] | None) -> ChoiceLogprobs | None:
 
 
 def chat_completion(ids: Ids, got: Delta, fin: Finish) -> dict[str, Any]:
+    # with calls, OpenAI's content is null unless the model also wrote something
+    content = got.text if got.text.strip() or not got.calls else None
+    message = AssistantMessage(content=content, tool_calls=got.calls or None)
     choice = ChatChoice(
-        message=AssistantMessage(content=got.text),
+        message=message,
         finish_reason=fin.reason,
         logprobs=_chat_logprobs(got.logprobs),
     )
@@ -134,12 +142,19 @@ async def chat(ids: Ids, run: Run, include_usage: bool) -> AsyncIterator[str]:
         return _data(body)
 
     yield chunk([ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))])
+    n_calls = 0
     async for item in run:
         if isinstance(item, Exception):
             yield _error(item)
             return
         if isinstance(item, Delta):
-            delta = ChatDelta(content=item.text)
+            calls = [
+                ToolCallDelta(index=n, **c.model_dump())
+                for n, c in enumerate(item.calls, start=n_calls)
+            ]
+            n_calls += len(calls)
+            delta = ChatDelta(content=item.text if item.text or not calls else None)
+            delta.tool_calls = calls or None
             yield chunk([ChatChunkChoice(delta=delta, logprobs=_chat_logprobs(item.logprobs))])
             continue
         last = ChatChunkChoice(delta=ChatDelta(), finish_reason=item.reason)

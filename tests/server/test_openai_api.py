@@ -227,13 +227,24 @@ BAD_INPUTS = {
         400,
         "response_format 'json_object' is not supported",
     ),
-    "tools": (
+    "tools-without-a-tool-template": (
         CHAT,
         {"messages": HELLO, "tools": [{"type": "function", "function": {"name": "f"}}]},
         400,
-        "tools are not supported",
+        "this model's chat template has no tool calls",
     ),
-    "legacy-functions": (CHAT, {"messages": HELLO, "functions": [{"name": "f"}]}, 400, "tools are"),
+    "tools-on-completions": (
+        "/v1/completions",
+        {"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]},
+        400,
+        "tools are supported on /v1/chat/completions only",
+    ),
+    "legacy-functions": (
+        CHAT,
+        {"messages": HELLO, "functions": [{"name": "f"}]},
+        400,
+        "send tools",
+    ),
     "best-of": ("/v1/completions", {"prompt": "hi", "best_of": 3}, 400, "best_of must be 1"),
     "suffix": ("/v1/completions", {"prompt": "hi", "suffix": "end"}, 400, "suffix (insertion)"),
     "logit-bias-key-not-an-id": (

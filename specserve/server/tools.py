@@ -1,0 +1,169 @@
+"""Tool calls in chat: the tools go into the chat template, the calls come out of the text.
+
+Qwen2.5's template (and every Hermes-style one) asks the model to answer a call as
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+`ToolCallStream` takes the generated text delta by delta and splits it into plain content
+and complete calls (vLLM's `hermes` parser reads the same format). Text that may be the
+start of `<tool_call>` is held back until it is clearly not, as stop strings are; a block
+whose JSON does not parse as a call, or that never closes, is handed back as content, so
+no generated text is lost. A call is sent whole in one stream chunk (OpenAI streams the
+arguments in pieces; clients accumulate either).
+
+Qwen2.5-Coder 0.5B and 1.5B leave the tags out: asked for the weather with a weather tool
+offered, they answer `{"name": "get_weather", "arguments": {"city": "Paris"}}`, bare or in
+a ```json fence. So a reply that is, as a whole, one such object naming an offered tool is
+a call too. Only the whole reply: llama.cpp's Hermes parser, which takes JSON anywhere,
+turned sample code into calls of tools that do not exist (llama.cpp #18183). A reply that
+starts like one (`{`, ```json) is therefore held back until it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from specserve.server.protocol import FunctionCall, ToolCall
+
+START, END = "<tool_call>", "</tool_call>"
+
+
+def template_calls_tools(chat_template: str | None) -> bool:
+    """Whether a chat template asks for calls in the format parsed here."""
+    return bool(chat_template) and START in str(chat_template)
+
+
+class ToolCallStream:
+    def __init__(self, names: Sequence[str]) -> None:
+        self._names = set(names)  # the offered tools: what a bare reply may call
+        self._text = ""  # received, not yet handed out
+        self._inside = False  # within a <tool_call> block
+        self._bare = True  # the reply so far may, as a whole, be a bare call
+        self.calls: list[ToolCall] = []
+
+    def push(self, delta: str) -> tuple[str, list[ToolCall]]:
+        """New text -> (content that is safe to emit, calls completed by it)."""
+        self._text += delta
+        if self._bare:
+            self._bare = _may_be_bare(self._text)
+            if self._bare:
+                return "", []
+        return self._split()
+
+    def flush(self) -> tuple[str, list[ToolCall]]:
+        """The generation ended: the rest of the content (an unclosed block as written),
+        and a bare call if the whole reply was one."""
+        if self._bare:
+            self._bare = False
+            call = _parse(_unfenced(self._text), self._names)
+            if call is not None:
+                self._text = ""
+                self.calls.append(call)
+                return "", [call]
+        content, calls = self._split()
+        rest = (START if self._inside else "") + self._text
+        self._text, self._inside = "", False
+        return content + rest, calls
+
+    def _split(self) -> tuple[str, list[ToolCall]]:
+        content = ""
+        calls: list[ToolCall] = []
+        while True:
+            if self._inside:
+                end = self._text.find(END)
+                if end < 0:
+                    return content, calls
+                block, self._text = self._text[:end], self._text[end + len(END) :]
+                self._inside = False
+                call = _parse(block)
+                if call is None:  # not a call after all: the text as it was
+                    content += START + block + END
+                else:
+                    calls.append(call)
+                    self.calls.append(call)
+                continue
+            start = self._text.find(START)
+            if start < 0:
+                keep = _partial_start(self._text)
+                content += self._text[: len(self._text) - keep]
+                self._text = self._text[len(self._text) - keep :]
+                return content, calls
+            content += self._text[:start]
+            self._text = self._text[start + len(START) :]
+            self._inside = True
+
+
+def split(text: str, names: Sequence[str]) -> tuple[str, list[ToolCall]]:
+    """A whole reply -> (content, calls)."""
+    stream = ToolCallStream(names)
+    content, calls = stream.push(text)
+    rest, more = stream.flush()
+    return content + rest, calls + more
+
+
+_FENCE = "```json"
+
+
+def _may_be_bare(text: str) -> bool:
+    """Whether a reply that starts with `text` may still be one bare call as a whole."""
+    t = text.lstrip()
+    if t.startswith(_FENCE):
+        t = t[len(_FENCE) :].lstrip()
+    elif _FENCE.startswith(t):
+        return True
+    return t == "" or t.startswith("{")
+
+
+def _unfenced(text: str) -> str:
+    t = text.strip()
+    if t.startswith(_FENCE) and t.endswith("```"):
+        return t[len(_FENCE) : -3]
+    return t
+
+
+def _partial_start(text: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of START."""
+    for n in range(min(len(START) - 1, len(text)), 0, -1):
+        if text.endswith(START[:n]):
+            return n
+    return 0
+
+
+def _parse(block: str, names: set[str] | None = None) -> ToolCall | None:
+    """A call's JSON -> the call; None if it is none (or, with `names`, not a bare call of
+    an offered tool with its arguments)."""
+    try:
+        body = json.loads(block)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+        return None
+    if names is not None and (body["name"] not in names or "arguments" not in body):
+        return None
+    arguments = body.get("arguments", body.get("parameters", {}))
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return ToolCall(
+        id="call_" + uuid.uuid4().hex[:24], function=FunctionCall(name=body["name"], arguments=text)
+    )
+
+
+def template_message(message: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI assistant message with tool_calls as templates read it: arguments as an
+    object (OpenAI sends a JSON string; Qwen's template writes it with `tojson`)."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    out = []
+    for call in calls:
+        function = dict(call.get("function") or {})
+        # an object already, or text that is no JSON: the template writes it as it is
+        with contextlib.suppress(TypeError, json.JSONDecodeError):
+            function["arguments"] = json.loads(function.get("arguments") or "{}")
+        out.append({**call, "function": function})
+    return {**message, "tool_calls": out}
