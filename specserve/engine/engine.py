@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specserve.engine.constrain import verify_constrained
 from specserve.engine.logprobs import TokenLogprob, token_logprobs
 from specserve.engine.prompt_cache import PromptCache
 from specserve.engine.request import Request, Status
@@ -202,6 +203,8 @@ class Engine:
             if reason:
                 break
         req.timings.predicted_n = len(req.output)
+        if req.constraint is not None:
+            req.constraint.feed(kept)
         logprobs = []
         if req.params.logprobs is not None:
             logprobs = token_logprobs(rows, kept, req.params.logprobs)
@@ -217,6 +220,12 @@ class Engine:
             outputs = [req.output + list(draft.tokens[:i]) for i in range(k + 1)]
             logits = apply_penalties(logits, req.params, [req.prompt] * (k + 1), outputs)
         logits = apply_logit_bias(logits, req.params)
+        if req.constraint is not None:
+            probs = None if req.params.greedy else probs_from_logits(logits, req.params)
+            position = len(req.context)
+            return verify_constrained(
+                req.constraint, logits, probs, draft.tokens, req.seed, position
+            )
         if req.params.greedy:
             # what the one-hot rows of probs_from_logits reduce to, without a softmax and
             # a vocabulary-wide CDF per row

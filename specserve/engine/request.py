@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
+from specserve.engine.constrain import JsonConstraint
 from specserve.engine.logprobs import TokenLogprob
 from specserve.engine.sampling import SamplingParams
 
@@ -90,6 +91,7 @@ class Request:
     n_prefilled: int = 0
     cache_prompt: bool = True  # may start after a prefix its slot still holds
     prediction: list[int] = field(default_factory=list)  # expected output (a draft source)
+    constraint: JsonConstraint | None = None  # JSON mode: the grammar its output follows
     seed: int = 0
     timings: Timings = field(default_factory=Timings)
 

@@ -53,6 +53,17 @@ class Tokenizer:
         # an id the vocabulary leaves unused (a model's rows are padded) spells nothing
         return [b"" if p is None else self._piece_bytes(p) for p in pieces]
 
+    def token_table(self, size: int) -> list[bytes]:
+        """Every id's bytes for constrained decoding; b"" (never allowed) for added and
+        special tokens (<|im_start|>, <tool_call>, ...: markup, not text) and for ids the
+        vocabulary leaves unused."""
+        table = self.token_bytes(range(size))
+        added = {*getattr(self.hf, "added_tokens_decoder", {}), *self.hf.all_special_ids}
+        for token in added:
+            if 0 <= token < size:
+                table[token] = b""
+        return table
+
     @cached_property
     def _piece_bytes(self) -> Callable[[str], bytes]:
         """How this vocabulary spells bytes in its pieces, from the tokenizer's decoder."""

@@ -10,15 +10,16 @@ ends the text, the token count and the logprobs where decoding without drafts wo
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import uuid
 from collections.abc import AsyncIterator
+from functools import cached_property
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from specserve.engine.constrain import JsonConstraint
 from specserve.engine.request import Request as EngineRequest
 from specserve.engine.request import SpecParams
 from specserve.engine.sampling import SamplingParams
@@ -77,7 +78,7 @@ class Generator:
     # -- endpoints -------------------------------------------------------------------------
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
         self._check(body)
-        offered = self._tools(body)
+        offered = tools.offered(body, getattr(self.tok.hf, "chat_template", None))
         prompt = self._chat_prompt(
             [tools.template_message(_turn(m)) for m in body.messages], offered
         )
@@ -86,7 +87,7 @@ class Generator:
         param = "max_completion_tokens" if use_mct else "max_tokens"
         handle, run = await self._start(body, prompt, limit, param)
         if offered:
-            run = _with_calls(run, [t["function"]["name"] for t in offered])
+            run = tools.with_calls(run, [t["function"]["name"] for t in offered])
         ids = streams.Ids("chatcmpl-" + uuid.uuid4().hex, self.model_id)
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -125,6 +126,11 @@ class Generator:
         got, fin = await _collect(run, handle, request)
         return JSONResponse(streams.response_object(ids, got, fin))
 
+    @cached_property
+    def _token_table(self) -> list[bytes]:
+        """Each token id's bytes, for JSON mode (built at its first request: ~0.3 s)."""
+        return self.tok.token_table(self.vocab_size)
+
     # -- checks and prompts ----------------------------------------------------------------
     def _check(self, body: GenerationRequest) -> None:
         if body.model and body.model != self.model_id:
@@ -145,29 +151,6 @@ class Generator:
             raise ApiError(400, "this model has no chat template; use /v1/completions")
         messages = [{**t, "content": _text_of(t["content"])} for t in turns]
         return self.tok.chat(messages, offered)
-
-    def _tools(self, body: ChatCompletionRequest) -> list[Any] | None:
-        """The tools to offer the model: none unless asked, and tool_choice "auto"."""
-        if not body.tools or body.tool_choice == "none":
-            return None
-        if body.tool_choice not in (None, "auto"):
-            raise ApiError(
-                400,
-                f"tool_choice {body.tool_choice!r} is not supported (it needs constrained "
-                'decoding); send "auto" or "none"',
-                param="tool_choice",
-            )
-        if not tools.template_calls_tools(getattr(self.tok.hf, "chat_template", None)):
-            raise ApiError(400, "this model's chat template has no tool calls", param="tools")
-        for tool in body.tools:
-            function = tool.get("function") if isinstance(tool, dict) else None
-            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-                raise ApiError(
-                    400,
-                    'each tool must be {"type": "function", "function": {"name": ..., ...}}',
-                    param="tools",
-                )
-        return body.tools
 
     def _completion_prompt(self, prompt: str | list[str] | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -244,6 +227,8 @@ class Generator:
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         req = EngineRequest(prompt, params, self._spec(body.speculative), self.tok.eog_ids)
         req.cache_prompt = body.cache_prompt
+        if body.response_format is not None and body.response_format.type == "json_object":
+            req.constraint = JsonConstraint(self._token_table, self.tok.eog_ids)
         if body.prediction is not None:
             req.prediction = self.tok.encode_text(_text_of(body.prediction.content))
         try:
@@ -292,26 +277,6 @@ async def _run(
             timings = event.timings or handle.request.timings.as_dict()
             yield Finish(reason, prompt_n, text.n_tokens, timings)
             return
-
-
-async def _with_calls(
-    run: AsyncIterator[Delta | Finish], names: list[str]
-) -> AsyncIterator[Delta | Finish]:
-    """Tool calls taken out of the text (server/tools.py); a reply that made calls and
-    stopped by itself finishes with "tool_calls", as OpenAI's do."""
-    calls = tools.ToolCallStream(names)
-    async for item in run:
-        if isinstance(item, Delta):
-            text, made = calls.push(item.text)
-            if text or made or item.logprobs:
-                yield Delta(text, item.logprobs, made)
-            continue
-        rest, made = calls.flush()
-        if rest or made:
-            yield Delta(rest, None, made)
-        if calls.calls and item.reason == "stop":
-            item = dataclasses.replace(item, reason="tool_calls")
-        yield item
 
 
 async def _prefixed(
@@ -366,11 +331,10 @@ async def _cancel_on_disconnect(request: Request, handle: Handle) -> None:
 def unsupported(body: GenerationRequest) -> None:
     """Refuse, naming it, a field that would change the output but is not implemented."""
     fmt = body.response_format
-    if fmt is not None and fmt.type != "text":
+    if fmt is not None and fmt.type not in ("text", "json_object"):
         raise ApiError(
             400,
-            f"response_format {fmt.type!r} is not supported (no constrained decoding); "
-            "ask for JSON in the prompt, or leave response_format out",
+            f"response_format {fmt.type!r} is not supported (JSON mode is: json_object)",
             param="response_format",
         )
     if body.functions and body.tool_choice != "none":

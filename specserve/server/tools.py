@@ -24,19 +24,61 @@ starts like one (`{`, ```json) is therefore held back until it ends.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from specserve.server.protocol import FunctionCall, ToolCall
+from specserve.server.errors import ApiError
+from specserve.server.protocol import ChatCompletionRequest, FunctionCall, ToolCall
+from specserve.server.streams import Delta, Finish
 
 START, END = "<tool_call>", "</tool_call>"
 
 
-def template_calls_tools(chat_template: str | None) -> bool:
-    """Whether a chat template asks for calls in the format parsed here."""
-    return bool(chat_template) and START in str(chat_template)
+def offered(body: ChatCompletionRequest, chat_template: str | None) -> list[Any] | None:
+    """The tools to offer the model: none unless asked, and tool_choice "auto"."""
+    if not body.tools or body.tool_choice == "none":
+        return None
+    if body.tool_choice not in (None, "auto"):
+        raise ApiError(
+            400,
+            f"tool_choice {body.tool_choice!r} is not supported (it needs constrained "
+            'decoding); send "auto" or "none"',
+            param="tool_choice",
+        )
+    if not chat_template or START not in chat_template:
+        raise ApiError(400, "this model's chat template has no tool calls", param="tools")
+    for tool in body.tools:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ApiError(
+                400,
+                'each tool must be {"type": "function", "function": {"name": ..., ...}}',
+                param="tools",
+            )
+    return body.tools
+
+
+async def with_calls(
+    run: AsyncIterator[Delta | Finish], names: list[str]
+) -> AsyncIterator[Delta | Finish]:
+    """A run with the calls taken out of its text; a reply that made calls and stopped by
+    itself finishes with "tool_calls", as OpenAI's do."""
+    calls = ToolCallStream(names)
+    async for item in run:
+        if isinstance(item, Delta):
+            text, made = calls.push(item.text)
+            if text or made or item.logprobs:
+                yield Delta(text, item.logprobs, made)
+            continue
+        rest, made = calls.flush()
+        if rest or made:
+            yield Delta(rest, None, made)
+        if calls.calls and item.reason == "stop":
+            item = dataclasses.replace(item, reason="tool_calls")
+        yield item
 
 
 class ToolCallStream:

@@ -48,6 +48,7 @@ class Stream(IntEnum):
     SAMPLE = 0  # the target's own sample (the only stream non-speculative decoding uses)
     ACCEPT = 1  # the coin that accepts a draft token that came with draft probabilities
     RECOVER = 2  # the sample from norm(max(p - q, 0)) after such a token is rejected
+    RETRY = 3  # RETRY + r: constrained decoding's draw r after r disallowed draws
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -67,7 +68,7 @@ def _mix64(z: np.ndarray) -> np.ndarray:
 def position_uniforms(
     seeds: Sequence[int],
     positions: Sequence[int],
-    stream: Stream = Stream.SAMPLE,
+    stream: int = Stream.SAMPLE,
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """Uniforms in (0, 1), one per (seed, position) pair, for the given stream.

@@ -206,6 +206,8 @@ def test_logprobs_with_speculation_equal_plain_qwen05(qwen05_auto, real_threads)
     fast, stats = run(qwen05_auto, prompt, "ngram-map-k,suffix", 16, params=params)
     assert stats is not None and stats.tokens_accepted > 0, stats.as_dict()
     assert fast.output == plain.output
+    tok = qwen05_auto.tokenizer
+    assert b"".join(tok.token_bytes(plain.output)).decode() == tok.decode(plain.output)
     differ = [
         i for i, (a, b) in enumerate(zip(plain.logprobs, fast.logprobs, strict=True)) if a != b
     ]

@@ -221,11 +221,11 @@ BAD_INPUTS = {
         "only text content",
     ),
     # fields that would change the output, not implemented: refused, never ignored
-    "json-response-format": (
+    "json-schema-response-format": (
         CHAT,
-        {"messages": HELLO, "response_format": {"type": "json_object"}},
+        {"messages": HELLO, "response_format": {"type": "json_schema", "json_schema": {}}},
         400,
-        "response_format 'json_object' is not supported",
+        "response_format 'json_schema' is not supported (JSON mode is: json_object)",
     ),
     "tools-without-a-tool-template": (
         CHAT,

@@ -14,9 +14,8 @@ import pytest
 
 from specserve.loading.model import LoadedModel
 from specserve.loading.tokenizer import Tokenizer
-from specserve.server.generate import _with_calls
 from specserve.server.streams import Delta, Finish
-from specserve.server.tools import ToolCallStream, split, template_message
+from specserve.server.tools import ToolCallStream, split, template_message, with_calls
 from tests.server.conftest import MODEL_ID, LiveServer, start_server
 from tests.server.test_openai_api import client
 
@@ -168,7 +167,7 @@ def test_calls_leave_the_text_and_finish_the_reply(tiny_model: LoadedModel) -> N
     handle = _Replies([f"Checking. <tool_call>{CALL[:20]}", f"{CALL[20:]}</tool_call>"])
 
     async def run() -> list:
-        return [x async for x in _with_calls(handle.run(), NAMES)]
+        return [x async for x in with_calls(handle.run(), NAMES)]
 
     *deltas, fin = asyncio.run(run())
     assert "".join(d.text for d in deltas) == "Checking. "

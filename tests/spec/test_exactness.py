@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specserve.engine import json_grammar
+from specserve.engine.constrain import JsonConstraint
 from specserve.engine.engine import Engine
 from specserve.engine.request import Request, SpecParams
 from specserve.engine.runner import ModelRunner
@@ -51,9 +53,12 @@ def _requests(
     n_max: int,
     prompts: list[list[int]],
     params: SamplingParams = GREEDY,
+    json_mode: bool = False,
 ) -> list[Request]:
     engine = Engine(ModelRunner(model, num_slots=len(prompts), max_len=CTX), speculator)
     reqs = [Request(p, params, SpecParams(n_max=n_max, p_min=0.5)) for p in prompts]
+    for r in reqs if json_mode else []:
+        r.constraint, r.stop_ids = json_constraint(), frozenset({JSON_END})
     return engine.generate(reqs)
 
 
@@ -180,6 +185,42 @@ def test_logprobs_with_speculation_equal_plain(
             assert [t for t, _ in x.top] == [t for t, _ in y.top]
             got = [y.logprob] + [v for _, v in y.top]
             assert got == pytest.approx([x.logprob] + [v for _, v in x.top], abs=1e-12)
+
+
+JSON_END = 1  # the tiny vocabulary's end-of-text id
+# ids 32..126 spell their ASCII character (tests/tiny.py), the rest nothing
+
+
+def json_constraint() -> JsonConstraint:
+    table = [bytes([i]) if 32 <= i < 127 else b"" for i in range(VOCAB)]
+    return JsonConstraint(table, frozenset({JSON_END}))
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [dict(temperature=0), dict(temperature=0.7, top_k=20, seed=5)],
+    ids=["greedy", "sampled"],
+)
+def test_json_mode_with_speculation_equals_plain(settings: dict, target, close_draft) -> None:  # noqa: ANN001
+    """Verification rows judged in the grammar state after their draft prefix: the same
+    JSON text with drafts (n-gram, suffix, and a draft model's, whose probabilities the
+    constrained rule does not need) as without."""
+    params = SamplingParams(**{"max_tokens": 96, **settings})
+    prompts = _prompts()
+    plain = _requests(target, None, 0, prompts, params, json_mode=True)
+    spec = build_speculator(
+        ["ngram-map-k", "suffix", "draft"], ModelRunner(close_draft, 3, CTX), draft_cost=0.3
+    )
+    assert spec is not None
+    fast = _requests(target, spec, 16, prompts, params, json_mode=True)
+    assert [r.output for r in fast] == [r.output for r in plain]
+    assert spec.stats.tokens_accepted > 0
+    for r in plain:
+        body = r.output[:-1] if r.output[-1] == JSON_END else r.output
+        assert json_grammar.advance(json_grammar.START, bytes(body)) is not None
+    assert [r.output for r in plain] != [
+        r.output for r in _requests(target, None, 0, prompts, params)
+    ]
 
 
 def test_empty_rejected_and_full_drafts_all_occurred() -> None:

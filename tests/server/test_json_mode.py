@@ -1,0 +1,52 @@
+"""OpenAI's JSON mode through the server (tiny model, char tokenizer): the text is a JSON
+object or, cut by max_tokens, a prefix of one; the same streamed, and with drafts."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from specserve.engine.json_grammar import START, advance
+from specserve.loading.model import LoadedModel
+from tests.server.conftest import MODEL_ID, LiveServer, start_server
+from tests.server.test_openai_api import HELLO, client
+
+JSON = {"type": "json_object"}
+# the tiny model closes the object at once ("{}"): "}" banned, its replies run long
+NO_CLOSE = {str(ord("}")): -100}
+KW = dict(model=MODEL_ID, messages=HELLO, temperature=0, response_format=JSON)
+
+
+def test_json_mode_text_is_json_streaming_or_not(live: LiveServer) -> None:
+    c = client(live).chat.completions
+    kw = {**KW, "max_tokens": 40, "logit_bias": NO_CLOSE}
+    plain = c.create(**{**kw, "response_format": {"type": "text"}})  # type: ignore[call-overload]
+    got = c.create(**kw)  # type: ignore[call-overload]
+    text = got.choices[0].message.content
+    assert text != plain.choices[0].message.content  # the grammar changed the reply
+    assert len(text) > 20 and advance(START, text.encode()) is not None, text
+    streamed = "".join(
+        ch.choices[0].delta.content or ""
+        for ch in c.create(**kw, stream=True)  # type: ignore[call-overload]
+        if ch.choices
+    )
+    assert streamed == text
+    closed = c.create(**KW, max_tokens=40).choices[0]  # type: ignore[call-overload]
+    assert json.loads(closed.message.content) == {} and closed.finish_reason == "stop"
+
+
+@pytest.fixture(scope="module")
+def ngram(tiny_model: LoadedModel) -> Iterator[LiveServer]:
+    server = start_server(tiny_model, parallel=2, spec_types=("ngram-map-k", "suffix"))
+    yield server
+    server.stop()
+
+
+def test_json_mode_with_drafts_equals_without(live: LiveServer, ngram: LiveServer) -> None:
+    kw = {**KW, "max_tokens": 120, "logit_bias": NO_CLOSE}
+    want = client(live).chat.completions.create(**kw)  # type: ignore[call-overload]
+    got = client(ngram).chat.completions.create(**kw)  # type: ignore[call-overload]
+    assert got.choices[0].message.content == want.choices[0].message.content
+    assert got.timings["draft_n_accepted"] > 0  # type: ignore[attr-defined]
