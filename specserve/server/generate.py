@@ -227,7 +227,7 @@ class Generator:
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         req = EngineRequest(prompt, params, self._spec(body.speculative), self.tok.eog_ids)
         req.cache_prompt = body.cache_prompt
-        if body.response_format is not None and body.response_format.type == "json_object":
+        if body.output_format == "json_object":
             req.constraint = JsonConstraint(self._token_table, self.tok.eog_ids)
         if body.prediction is not None:
             req.prediction = self.tok.encode_text(_text_of(body.prediction.content))
@@ -330,12 +330,11 @@ async def _cancel_on_disconnect(request: Request, handle: Handle) -> None:
 
 def unsupported(body: GenerationRequest) -> None:
     """Refuse, naming it, a field that would change the output but is not implemented."""
-    fmt = body.response_format
-    if fmt is not None and fmt.type not in ("text", "json_object"):
+    if body.output_format not in ("text", "json_object"):
         raise ApiError(
             400,
-            f"response_format {fmt.type!r} is not supported (JSON mode is: json_object)",
-            param="response_format",
+            f"response_format {body.output_format!r} is not supported (JSON mode is: json_object)",
+            param="text.format" if isinstance(body, ResponsesRequest) else "response_format",
         )
     if body.functions and body.tool_choice != "none":
         raise ApiError(400, "functions are not supported; send tools", param="functions")

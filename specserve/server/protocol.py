@@ -2,13 +2,14 @@
 
 Requests accept (and ignore) fields we do not model, as OpenAI clients send many
 (`user`, `metadata`, ...); fields we do model are type-checked, and a wrong type is a 400.
-Fields that would change the output but are not implemented (`response_format` other
-than text, `tools` outside chat or with a forced `tool_choice`, `best_of`, `suffix`) are
-modelled only to be refused with a 400 that
-names them: ignoring them would return text the client did not ask for. Logprobs come in
-each endpoint's own shape: chat's `logprobs: true` + `top_logprobs`, legacy completions'
-`logprobs: N`, the Responses API's `include: ["message.output_text.logprobs"]` +
-`top_logprobs`.
+Fields that would change the output but are not implemented (`response_format`
+`json_schema`, `tools` outside chat or with a forced `tool_choice`, `best_of`, `suffix`) are
+modelled only to be refused with a 400 that names them: ignoring them would return text
+the client did not ask for. `response_format` `json_object` is JSON mode (constrained
+decoding, engine/constrain.py); the Responses API spells it `text: {"format": ...}`.
+Logprobs come in each endpoint's own shape: chat's `logprobs: true` + `top_logprobs`,
+legacy completions' `logprobs: N`, the Responses API's
+`include: ["message.output_text.logprobs"]` + `top_logprobs`.
 Extensions beyond OpenAI (as vLLM and llama.cpp spell them): `top_k`, `min_p`,
 `repetition_penalty`, `stop_token_ids`, `cache_prompt` (llama.cpp's: false prefills the
 whole prompt even when its slot holds a prefix of it), and `speculative`:
@@ -97,6 +98,12 @@ class GenerationRequest(BaseModel):
     prediction: Prediction | None = None
     cache_prompt: bool = True  # llama.cpp's: may start after the prefix its slot holds
 
+    @property
+    def output_format(self) -> str:
+        """The reply's format: "text", or "json_object" for JSON mode (or what else the
+        body asks for, to be refused)."""
+        return "text" if self.response_format is None else self.response_format.type
+
 
 class ContentPart(BaseModel):
     """One part of a message's content; only text parts are supported."""
@@ -146,11 +153,27 @@ class ResponsesInputMessage(BaseModel):
     content: str | list[ContentPart]
 
 
+class ResponsesText(BaseModel):
+    """The Responses API's text settings: `format` is its response_format."""
+
+    model_config = ConfigDict(extra="allow")
+
+    format: ResponseFormat | None = None
+
+
 class ResponsesRequest(GenerationRequest):
     input: str | list[ResponsesInputMessage]
     instructions: str | None = None
     max_output_tokens: int | None = None
+    text: ResponsesText | None = None
+
     include: list[str] | None = None  # "message.output_text.logprobs" asks for logprobs
+
+    @property
+    def output_format(self) -> str:
+        if self.text is not None and self.text.format is not None:
+            return self.text.format.type
+        return super().output_format
 
 
 # -- responses ------------------------------------------------------------------------------

@@ -44,8 +44,8 @@ def offered(body: ChatCompletionRequest, chat_template: str | None) -> list[Any]
     if body.tool_choice not in (None, "auto"):
         raise ApiError(
             400,
-            f"tool_choice {body.tool_choice!r} is not supported (it needs constrained "
-            'decoding); send "auto" or "none"',
+            f"tool_choice {body.tool_choice!r} is not supported (forcing a call needs "
+            'schema-constrained decoding); send "auto" or "none"',
             param="tool_choice",
         )
     if not chat_template or START not in chat_template:

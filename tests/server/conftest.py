@@ -112,3 +112,13 @@ def live(tiny_model: LoadedModel) -> Iterator[LiveServer]:
     server = start_server(tiny_model)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def drafting(tiny_model: LoadedModel) -> Iterator[LiveServer]:
+    """Two slots drafting with n-grams of the context and the request's prediction."""
+    server = start_server(
+        tiny_model, parallel=2, spec_types=("ngram-map-k", "suffix", "prediction")
+    )
+    yield server
+    server.stop()

@@ -4,13 +4,11 @@ object or, cut by max_tokens, a prefix of one; the same streamed, and with draft
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
-import pytest
+import httpx2
 
 from specserve.engine.json_grammar import START, advance
-from specserve.loading.model import LoadedModel
-from tests.server.conftest import MODEL_ID, LiveServer, start_server
+from tests.server.conftest import MODEL_ID, LiveServer
 from tests.server.test_openai_api import HELLO, client
 
 JSON = {"type": "json_object"}
@@ -37,16 +35,27 @@ def test_json_mode_text_is_json_streaming_or_not(live: LiveServer) -> None:
     assert json.loads(closed.message.content) == {} and closed.finish_reason == "stop"
 
 
-@pytest.fixture(scope="module")
-def ngram(tiny_model: LoadedModel) -> Iterator[LiveServer]:
-    server = start_server(tiny_model, parallel=2, spec_types=("ngram-map-k", "suffix"))
-    yield server
-    server.stop()
-
-
-def test_json_mode_with_drafts_equals_without(live: LiveServer, ngram: LiveServer) -> None:
+def test_json_mode_with_drafts_equals_without(live: LiveServer, drafting: LiveServer) -> None:
     kw = {**KW, "max_tokens": 120, "logit_bias": NO_CLOSE}
     want = client(live).chat.completions.create(**kw)  # type: ignore[call-overload]
-    got = client(ngram).chat.completions.create(**kw)  # type: ignore[call-overload]
+    got = client(drafting).chat.completions.create(**kw)  # type: ignore[call-overload]
     assert got.choices[0].message.content == want.choices[0].message.content
     assert got.timings["draft_n_accepted"] > 0  # type: ignore[attr-defined]
+
+
+def test_responses_api_spells_json_mode_as_text_format(live: LiveServer) -> None:
+    kw = {**KW, "max_tokens": 40, "logit_bias": NO_CLOSE}
+    chat = client(live).chat.completions.create(**kw)  # type: ignore[call-overload]
+    body = {
+        "input": "hello",
+        "temperature": 0,
+        "max_output_tokens": 40,
+        "logit_bias": NO_CLOSE,
+        "text": {"format": {"type": "json_object"}},
+    }
+    got = httpx2.post(live.url + "/v1/responses", json=body, timeout=60).json()
+    assert got["output"][0]["content"][0]["text"] == chat.choices[0].message.content
+    body["text"] = {"format": {"type": "json_schema", "name": "x", "schema": {}}}
+    refused = httpx2.post(live.url + "/v1/responses", json=body, timeout=60)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "text.format"

@@ -4,7 +4,7 @@ a token is one character, so the tokens spell the text)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import httpx2
 import pytest
@@ -16,7 +16,7 @@ from specserve.loading.model import LoadedModel
 from specserve.server.generate import _run
 from specserve.server.loop import Event
 from specserve.server.text import TextStream
-from tests.server.conftest import MODEL_ID, LiveServer, chat_text, start_server
+from tests.server.conftest import MODEL_ID, LiveServer, chat_text
 from tests.server.test_openai_api import HELLO, client
 
 CHAT = "/v1/chat/completions"
@@ -114,13 +114,6 @@ def test_stop_string_ends_the_logprobs_at_its_token(live: LiveServer) -> None:
     assert got.choices[0].message.content == text[:cut]
     assert "".join(tokens) == text[: cut + len(stop)]
     assert got.usage.completion_tokens == len(tokens)
-
-
-@pytest.fixture(scope="module")
-def drafting(tiny_model: LoadedModel) -> Iterator[LiveServer]:
-    server = start_server(tiny_model, parallel=2, spec_types=("ngram-map-k", "prediction"))
-    yield server
-    server.stop()
 
 
 def test_logprobs_with_drafts_equal_without(live: LiveServer, drafting: LiveServer) -> None:
