@@ -13,6 +13,8 @@ Workloads (chat template, greedy):
   model's own answer with identifiers renamed (EDITS), as a client holding an earlier,
   edited answer would send it. Only configurations with the `prediction` drafter use it.
 - prose: "Write a short story about a lighthouse keeper." Little to copy.
+- json: a table of sorting algorithms asked for in JSON mode (`response_format`
+  json_object: constrained decoding, engine/constrain.py); keys repeat in every entry.
 
 Every configuration (`--spec-types`) runs on every model and workload, plus `none`, which
 is the reference: `speedup` is tok/s over the same model's `none` on the same workload, and
@@ -60,6 +62,10 @@ TURN1 = (
 )
 TURN2 = "Rewrite the same program with descriptive variable names."
 PROSE = "Write a short story about a lighthouse keeper."
+JSON_ASK = (
+    "List six sorting algorithms as a JSON object: for each, its average and worst time "
+    "complexity, its memory use and whether it is stable."
+)
 LANGS = {"c": "C", "java": "Java", "python": "Python"}
 # predicted-*: quicksort-*'s prompt with OpenAI's `prediction` = the model's own answer with
 # identifiers renamed (EDITS): what a client holding an earlier, edited answer sends
@@ -69,6 +75,7 @@ WORKLOADS = (
     *(f"rewrite-{k}" for k in LANGS),
     *(f"predicted-{k}" for k in LANGS),
     "prose",
+    "json",
 )
 CONFIGS = (
     "ngram-simple",
@@ -160,6 +167,7 @@ class Session:
         self.args = args
         self.loaded: dict[str, LoadedModel] = {}
         self.plain: dict[tuple[str, str], Run] = {}  # (model, workload) -> no-spec run
+        self.tables: dict[str, list[bytes]] = {}  # model -> token bytes, for JSON mode
 
     def load(self, name: str) -> LoadedModel:
         from specserve.loading.model import load_model
@@ -178,8 +186,9 @@ class Session:
     def prompt(self, model: str, workload: str) -> list[int]:
         """The workload's prompt ids; a rewrite quotes the model's own turn-1 answer."""
         tok = self.tokenizer(model)
-        if workload == "prose":
-            return list(tok.chat([{"role": "user", "content": PROSE}]))
+        if workload in ("prose", "json"):
+            ask = PROSE if workload == "prose" else JSON_ASK
+            return list(tok.chat([{"role": "user", "content": ask}]))
         kind, lang = workload.split("-")
         turn1 = [{"role": "user", "content": TURN1.format(lang=LANGS[lang])}]
         if kind in ("quicksort", "predicted"):
@@ -206,6 +215,11 @@ class Session:
             text = text.replace(old, new)
         return tok.encode_text(text)
 
+    def token_table(self, model: str) -> list[bytes]:
+        if model not in self.tables:
+            self.tables[model] = self.tokenizer(model).token_table(self.load(model).cfg.vocab_size)
+        return self.tables[model]
+
     def tokenizer(self, model: str) -> Tokenizer:
         tok = self.load(model).tokenizer
         if tok is None:
@@ -215,7 +229,8 @@ class Session:
     def reference(self, model: str, workload: str) -> Run:
         key = (model, workload)
         if key not in self.plain:
-            self.plain[key] = self.generate(model, NONE, self.prompt(model, workload))
+            prompt = self.prompt(model, workload)
+            self.plain[key] = self.generate(model, NONE, prompt, json_mode=workload == "json")
         return self.plain[key]
 
     def generate(
@@ -225,8 +240,10 @@ class Session:
         prompt: list[int],
         max_tokens: int | None = None,
         prediction: list[int] | None = None,
+        json_mode: bool = False,
     ) -> Run:
         """Greedy generation with a fresh engine over the already loaded weights."""
+        from specserve.engine.constrain import JsonConstraint
         from specserve.engine.request import Request, SpecParams
         from specserve.engine.sampling import SamplingParams
         from specserve.engine.setup import EngineSettings, build_engine
@@ -246,8 +263,11 @@ class Session:
         engine, _ = build_engine(settings, target=self.load(model), draft=draft)
         params = SamplingParams(temperature=0.0, max_tokens=n)
         spec = SpecParams(n_max=a.draft_max if types else 0)
-        req = Request(prompt, params, spec, stop_ids=self.tokenizer(model).eog_ids)
+        tok = self.tokenizer(model)
+        req = Request(prompt, params, spec, stop_ids=tok.eog_ids)
         req.prediction = prediction or []
+        if json_mode:
+            req.constraint = JsonConstraint(self.token_table(model), tok.eog_ids)
         t0 = time.perf_counter()
         engine.generate([req])
         seconds = time.perf_counter() - t0
@@ -336,7 +356,13 @@ def main(args: argparse.Namespace) -> None:
                 for config in configs:
                     fresh = config != NONE or r > 0
                     run = (
-                        session.generate(model, config, prompt, prediction=predicted)
+                        session.generate(
+                            model,
+                            config,
+                            prompt,
+                            prediction=predicted,
+                            json_mode=workload == "json",
+                        )
                         if fresh
                         else ref
                     )
