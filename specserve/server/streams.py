@@ -153,8 +153,8 @@ async def chat(ids: Ids, run: Run, include_usage: bool) -> AsyncIterator[str]:
                 for n, c in enumerate(item.calls, start=n_calls)
             ]
             n_calls += len(calls)
-            delta = ChatDelta(content=item.text if item.text or not calls else None)
-            delta.tool_calls = calls or None
+            text = item.text if item.text or not calls else None
+            delta = ChatDelta(content=text, tool_calls=calls or None)
             yield chunk([ChatChunkChoice(delta=delta, logprobs=_chat_logprobs(item.logprobs))])
             continue
         last = ChatChunkChoice(delta=ChatDelta(), finish_reason=item.reason)
