@@ -259,12 +259,7 @@ async def _run(
     them, then one Finish."""
     prompt_n = len(handle.request.prompt)
     async for event in handle.events():
-        delta, used = "", 0
-        for token in event.tokens:
-            delta += text.push([token])
-            used += 1
-            if text.stopped:
-                break
+        delta, used = text.push_each(event.tokens)
         if text.stopped:
             handle.cancel()  # a stop string ended it: free the slot now
         elif event.finished:

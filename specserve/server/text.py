@@ -45,6 +45,17 @@ class TextStream:
         self._text += self._decode_new(final=False)
         return self._release(final=False)
 
+    def push_each(self, ids: Sequence[int]) -> tuple[str, int]:
+        """`push` one id at a time, up to the one that completes a stop string -> (text,
+        ids taken). A verified draft brings several ids in one step; taken one by one, a
+        stop string inside it ends the text and the count where a step of one id would."""
+        text = ""
+        for n, token in enumerate(ids, 1):
+            text += self.push([token])
+            if self.stopped:
+                return text, n
+        return text, len(ids)
+
     def flush(self) -> str:
         """The generation ended: emit everything held back (unfinished bytes included)."""
         if self.stopped:

@@ -55,3 +55,10 @@ def test_text_that_may_start_a_stop_string_is_held_back() -> None:
     assert stream.push(ids("END more")) == "" and stream.stopped
     assert stream.push(ids("ignored")) == "" and stream.flush() == ""
     assert stream.n_tokens == len(ids("abcENxEND more"))
+
+
+def test_push_each_stops_at_the_id_that_completes_the_stop_string() -> None:
+    stream = TextStream(decode, ["c|"])
+    assert stream.push_each(ids("ab")) == ("ab", 2)
+    assert stream.push_each(ids("c|de")) == ("", 2)  # "c|" found: d and e are not taken
+    assert stream.stopped and stream.n_tokens == 4
