@@ -54,12 +54,14 @@ class Tokenizer:
         return [b"" if p is None else self._piece_bytes(p) for p in pieces]
 
     def token_table(self, size: int) -> list[bytes]:
-        """Every id's bytes for constrained decoding; b"" (never allowed) for added and
-        special tokens (<|im_start|>, <tool_call>, ...: markup, not text) and for ids the
-        vocabulary leaves unused."""
+        """Every id's bytes for constrained decoding; b"" (never allowed) for special
+        tokens (<|im_start|>, <eos>, ...: decoding drops them, so they are no text) and for
+        ids the vocabulary leaves unused. Added tokens that are text stay (Gemma's "\n",
+        Qwen's <tool_call>)."""
         table = self.token_bytes(range(size))
-        added = {*getattr(self.hf, "added_tokens_decoder", {}), *self.hf.all_special_ids}
-        for token in added:
+        added = getattr(self.hf, "added_tokens_decoder", {})
+        special = {i for i, t in added.items() if t.special} | set(self.hf.all_special_ids)
+        for token in special:
             if 0 <= token < size:
                 table[token] = b""
         return table

@@ -25,3 +25,16 @@ def test_byte_fallback_pieces() -> None:
     assert _byte_fallback_bytes("<0x0A>") == b"\n"
     assert _byte_fallback_bytes("<0xE2>") == b"\xe2"  # one byte of a character
     assert _byte_fallback_bytes("<end_of_turn>") == b"<end_of_turn>"
+
+
+def test_token_table_leaves_special_tokens_out(tmp_path) -> None:  # noqa: ANN001
+    from transformers import AutoTokenizer
+
+    from specserve.loading.tokenizer import Tokenizer
+    from tests.tiny import VOCAB, write_tokenizer
+
+    write_tokenizer(tmp_path)
+    table = Tokenizer(AutoTokenizer.from_pretrained(str(tmp_path))).token_table(VOCAB)
+    assert table[0] == table[1] == b""  # <unk>, <|endoftext|>: decoding drops them
+    assert table[ord("A")] == b"A" and table[ord("{")] == b"{"
+    assert table[5] == b""  # an id the vocabulary does not use
