@@ -71,6 +71,18 @@ def write_hf_folder(arch: str, folder: Path, seed: int = 0) -> torch.nn.Module:
     return model
 
 
+CHAR_END = 1  # write_tokenizer's <|endoftext|>
+
+
+def json_mode():  # noqa: ANN201 (a JsonConstraint)
+    """JSON mode over the char tokenizer's ids: 32..126 spell their ASCII character, the
+    others nothing (never allowed); CHAR_END ends the reply."""
+    from specserve.engine.constrain import JsonConstraint
+
+    table = [bytes([i]) if 32 <= i < 127 else b"" for i in range(VOCAB)]
+    return JsonConstraint(table, frozenset({CHAR_END}))
+
+
 def write_tokenizer(folder: Path) -> None:
     """A character-level tokenizer over the tiny vocab (ids 32..126 are printable ASCII)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers

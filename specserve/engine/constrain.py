@@ -23,12 +23,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import numpy as np
 import torch
 
 from specserve.engine import json_grammar
 from specserve.engine.json_grammar import State
-from specserve.spec.verify import Stream, VerifyResult, position_uniforms, sample_from_probs
+from specserve.spec.verify import (
+    Stream,
+    VerifyResult,
+    position_uniforms,
+    ranked_ids,
+    sample_from_probs,
+)
 
 MAX_DRAWS = 64  # draws per sampled row before the greedy fallback
 
@@ -90,10 +95,7 @@ def pick_greedy(row: torch.Tensor, allowed: Callable[[int], bool]) -> int:
         return best
     checked = 0
     for k in (16, 256, 4096, len(x)):
-        k = min(k, len(x))
-        # every token at least as high as the k-th highest, so ties are never split
-        floor = np.partition(x, len(x) - k)[len(x) - k]
-        order = sorted(np.flatnonzero(x >= floor).tolist(), key=lambda t: (-x[t], t))
+        order = ranked_ids(x, k)
         # a larger set sorted the same way starts with the smaller one: skip what was seen
         for token in order[checked:]:
             if allowed(token):

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from specserve.spec.verify import ranked_ids
+
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
 
 
@@ -49,8 +51,5 @@ def _one(row: torch.Tensor, token: int, n_top: int) -> TokenLogprob:
     logprob = float(x[token]) - lse
     if n_top == 0:
         return TokenLogprob(token, logprob)
-    n_top = min(n_top, len(x))
-    # everything at least as likely as the n-th most likely, then ties broken by id
-    floor = np.partition(x, len(x) - n_top)[len(x) - n_top]
-    best = sorted(np.flatnonzero(x >= floor).tolist(), key=lambda t: (-x[t], t))[:n_top]
+    best = ranked_ids(x, n_top)[:n_top]
     return TokenLogprob(token, logprob, tuple((t, float(x[t]) - lse) for t in best))

@@ -33,7 +33,12 @@ class Tokenizer:
 
     @property
     def has_chat_template(self) -> bool:
-        return bool(getattr(self.hf, "chat_template", None))
+        return bool(self.chat_template)
+
+    @property
+    def chat_template(self) -> str | None:
+        template = getattr(self.hf, "chat_template", None)
+        return str(template) if template else None
 
     def encode(self, text: str) -> list[int]:
         """Text -> ids, with the BOS token where the model's tokenizer adds one."""

@@ -78,7 +78,7 @@ class Generator:
     # -- endpoints -------------------------------------------------------------------------
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
         self._check(body)
-        offered = tools.offered(body, getattr(self.tok.hf, "chat_template", None))
+        offered = tools.offered(body, self.tok.chat_template)
         prompt = self._chat_prompt(
             [tools.template_message(_turn(m)) for m in body.messages], offered
         )

@@ -89,10 +89,13 @@ class TextStream:
 
     def _held_back(self) -> int:
         """Length of the longest suffix of the text that is a proper prefix of a stop string."""
-        longest = 0
-        for s in self._stop:
-            for n in range(min(len(s) - 1, len(self._text)), longest, -1):
-                if self._text.endswith(s[:n]):
-                    longest = n
-                    break
-        return longest
+        return max((partial_prefix(self._text, s) for s in self._stop), default=0)
+
+
+def partial_prefix(text: str, marker: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `marker`: text a
+    stream holds back until it is clearly not the start of the marker."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:n]):
+            return n
+    return 0

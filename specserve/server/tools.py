@@ -33,6 +33,7 @@ from typing import Any
 from specserve.server.errors import ApiError
 from specserve.server.protocol import ChatCompletionRequest, FunctionCall, ToolCall
 from specserve.server.streams import Delta, Finish
+from specserve.server.text import partial_prefix
 
 START, END = "<tool_call>", "</tool_call>"
 
@@ -132,7 +133,7 @@ class ToolCallStream:
                 continue
             start = self._text.find(START)
             if start < 0:
-                keep = _partial_start(self._text)
+                keep = partial_prefix(self._text, START)
                 content += self._text[: len(self._text) - keep]
                 self._text = self._text[len(self._text) - keep :]
                 return content, calls
@@ -167,14 +168,6 @@ def _unfenced(text: str) -> str:
     if t.startswith(_FENCE) and t.endswith("```"):
         return t[len(_FENCE) : -3]
     return t
-
-
-def _partial_start(text: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of START."""
-    for n in range(min(len(START) - 1, len(text)), 0, -1):
-        if text.endswith(START[:n]):
-            return n
-    return 0
 
 
 def _parse(block: str, names: set[str] | None = None) -> ToolCall | None:

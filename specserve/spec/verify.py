@@ -130,6 +130,14 @@ def argmax_rows(logits: torch.Tensor) -> list[int]:
     return logits.argmax(dim=-1).tolist()
 
 
+def ranked_ids(x: np.ndarray, k: int) -> list[int]:
+    """x: [V] scores -> the ids scoring at least the k-th highest (all ties at that score,
+    so ties are never split), highest first and ties by id: `argmax_rows`'s order."""
+    k = min(k, len(x))
+    floor = np.partition(x, len(x) - k)[len(x) - k]
+    return sorted(np.flatnonzero(x >= floor).tolist(), key=lambda t: (-x[t], t))
+
+
 def verify_greedy(target_logits: torch.Tensor, draft: Sequence[int]) -> VerifyResult:
     """Greedy verification of one slot.
 

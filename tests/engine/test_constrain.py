@@ -9,22 +9,14 @@ from collections import Counter
 import pytest
 import torch
 
-from specserve.engine.constrain import JsonConstraint, pick_greedy, pick_sampled
+from specserve.engine.constrain import pick_greedy, pick_sampled
 from specserve.engine.engine import Engine
 from specserve.engine.json_grammar import START, advance
 from specserve.engine.request import Request
 from specserve.engine.runner import ModelRunner
 from specserve.engine.sampling import SamplingParams, sample
 from specserve.loading.model import load_model
-from tests.tiny import VOCAB, write_hf_folder
-
-END = 1  # the tiny char tokenizer's <|endoftext|>
-# ids 32..126 are their ASCII characters; the others spell nothing (never allowed)
-TABLE = [bytes([i]) if 32 <= i < 127 else b"" for i in range(VOCAB)]
-
-
-def json_mode() -> JsonConstraint:
-    return JsonConstraint(TABLE, frozenset({END}))
+from tests.tiny import CHAR_END, json_mode, write_hf_folder
 
 
 def test_greedy_takes_the_best_allowed_token_ties_by_id() -> None:
@@ -54,10 +46,10 @@ def test_sampled_is_the_distribution_restricted_to_allowed_tokens() -> None:
 
 def test_the_end_token_only_closes_a_whole_object() -> None:
     c = json_mode()
-    assert c.after(START, END) is None
+    assert c.after(START, CHAR_END) is None
     assert c.after(START, ord("{")) is not None and c.after(START, 5) is None
     c.feed([ord("{"), ord("}")])
-    assert c.after(c.state, END) == c.state and c.after(c.state, ord(" ")) is None
+    assert c.after(c.state, CHAR_END) == c.state and c.after(c.state, ord(" ")) is None
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +63,7 @@ def model():  # noqa: ANN201
 
 
 def _generate(model, params: SamplingParams) -> Request:  # noqa: ANN001
-    req = Request([40, 50, 60, 70], params, stop_ids=frozenset({END}))
+    req = Request([40, 50, 60, 70], params, stop_ids=frozenset({CHAR_END}))
     req.constraint = json_mode()
     Engine(ModelRunner(model, num_slots=1, max_len=128)).generate([req])
     return req
@@ -87,5 +79,5 @@ def test_outputs_stay_json(model, settings: dict) -> None:  # noqa: ANN001
     assert len(text) == 60 and advance(START, text) is not None, text
     # the bias makes "}" the model's choice wherever it is allowed: "{}", then the end
     closed = _generate(model, SamplingParams(max_tokens=60, logit_bias={ord("}"): 30}, **settings))
-    assert closed.output == [ord("{"), ord("}"), END] and closed.finish_reason == "stop"
+    assert closed.output == [ord("{"), ord("}"), CHAR_END] and closed.finish_reason == "stop"
     assert json.loads(bytes(closed.output[:-1])) == {}

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from specserve.engine import json_grammar
-from specserve.engine.constrain import JsonConstraint
 from specserve.engine.engine import Engine
 from specserve.engine.request import Request, SpecParams
 from specserve.engine.runner import ModelRunner
@@ -16,7 +15,7 @@ from specserve.models.layers.invariant import make_batch_invariant
 from specserve.spec.base import Speculator
 from specserve.spec.registry import build_speculator
 from tests.spec.cases_seen import CasesSeen
-from tests.tiny import VOCAB
+from tests.tiny import CHAR_END, VOCAB, json_mode
 
 N_TOKENS = 128
 CTX = 320
@@ -53,12 +52,12 @@ def _requests(
     n_max: int,
     prompts: list[list[int]],
     params: SamplingParams = GREEDY,
-    json_mode: bool = False,
+    json: bool = False,
 ) -> list[Request]:
     engine = Engine(ModelRunner(model, num_slots=len(prompts), max_len=CTX), speculator)
     reqs = [Request(p, params, SpecParams(n_max=n_max, p_min=0.5)) for p in prompts]
-    for r in reqs if json_mode else []:
-        r.constraint, r.stop_ids = json_constraint(), frozenset({JSON_END})
+    for r in reqs if json else []:
+        r.constraint, r.stop_ids = json_mode(), frozenset({CHAR_END})
     return engine.generate(reqs)
 
 
@@ -187,15 +186,6 @@ def test_logprobs_with_speculation_equal_plain(
             assert got == pytest.approx([x.logprob] + [v for _, v in x.top], abs=1e-12)
 
 
-JSON_END = 1  # the tiny vocabulary's end-of-text id
-# ids 32..126 spell their ASCII character (tests/tiny.py), the rest nothing
-
-
-def json_constraint() -> JsonConstraint:
-    table = [bytes([i]) if 32 <= i < 127 else b"" for i in range(VOCAB)]
-    return JsonConstraint(table, frozenset({JSON_END}))
-
-
 @pytest.mark.parametrize(
     "settings",
     [dict(temperature=0), dict(temperature=0.7, top_k=20, seed=5)],
@@ -207,16 +197,16 @@ def test_json_mode_with_speculation_equals_plain(settings: dict, target, close_d
     constrained rule does not need) as without."""
     params = SamplingParams(**{"max_tokens": 96, **settings})
     prompts = _prompts()
-    plain = _requests(target, None, 0, prompts, params, json_mode=True)
+    plain = _requests(target, None, 0, prompts, params, json=True)
     spec = build_speculator(
         ["ngram-map-k", "suffix", "draft"], ModelRunner(close_draft, 3, CTX), draft_cost=0.3
     )
     assert spec is not None
-    fast = _requests(target, spec, 16, prompts, params, json_mode=True)
+    fast = _requests(target, spec, 16, prompts, params, json=True)
     assert [r.output for r in fast] == [r.output for r in plain]
     assert spec.stats.tokens_accepted > 0
     for r in plain:
-        body = r.output[:-1] if r.output[-1] == JSON_END else r.output
+        body = r.output[:-1] if r.output[-1] == CHAR_END else r.output
         assert json_grammar.advance(json_grammar.START, bytes(body)) is not None
     assert [r.output for r in plain] != [
         r.output for r in _requests(target, None, 0, prompts, params)
