@@ -306,11 +306,12 @@ def test_fused_q_k_v_and_gate_up_give_the_same_bits() -> None:
 
 
 @pytest.mark.skipif(len(_isas()) < 2, reason="this CPU has only AVX2: one instruction set")
-@pytest.mark.parametrize("cls", list(BLOCKS))
+@pytest.mark.parametrize("cls", [*BLOCKS, Q4KLinear])
 def test_every_instruction_set_gives_the_same_bits(cls: type) -> None:
-    # the VNNI dots are the same integers (q8 by way of x + 128) and the float steps shared
-    w, bias, x = _case(n=70, k=896, m=37)
-    layer = cls(w, bias)
+    # the VNNI dots are the same integers (q8 by way of x + 128, q6 and q4k's sub-scales by
+    # 32-bit multiplies) and the float steps shared
+    w, bias, x = _case(n=70, k=1024, m=37)
+    layer = _q4k_layer(n=70, k=1024) if cls is Q4KLinear else cls(w, bias)
     got = {}
     try:
         for name in _isas():

@@ -138,10 +138,14 @@ const QuantRows& quantize_rows(const torch::Tensor& x, bool with_u) {
 // AVX2's block dots: maddubs multiplies 32 unsigned by 32 signed bytes and adds pairs into
 // 16 bits, madd adds pairs again into 32. maddubs takes an unsigned operand: q8 moves w's
 // sign onto x (sign_epi8), q4/q5 weights are unsigned already (q4's low term and q5's offset
-// carry the shift).
+// carry the shift). One tile at a time (Y): `stride` is not used.
+
+// 4 bytes of x (step j of a block), in every 32-bit lane
+LOWBIT_INLINE __m256i broadcast4(const int8_t* x, int j) { return _mm256_set1_epi32(four(x, j)); }
+
 struct Q8 : lowbit::Q8Layout {
   template <int R>
-  static LOWBIT_INLINE void dots(const uint8_t* rec, const XRows& x, const int64_t* idx,
+  static LOWBIT_INLINE void dots(const uint8_t* rec, int64_t, const XRows& x, const int64_t* idx,
                                  __m256i* d) {
     const __m256i ones = _mm256_set1_epi16(1);
     for (int r = 0; r < R; ++r) d[r] = _mm256_setzero_si256();
@@ -156,19 +160,51 @@ struct Q8 : lowbit::Q8Layout {
   }
 };
 
+// 16-bit sums of steps 2i and 2i+1 (bytes lo, hi: unsigned weights) for R rows, added into
+// s; q4, q5 and q4k products (<= 31 * 127 each) fit 16 bits for several steps
+template <int R>
+LOWBIT_INLINE void sum_pair16(__m256i lo, __m256i hi, const XRows& x, const int64_t* idx, int i,
+                              __m256i* s) {
+  for (int r = 0; r < R; ++r) {
+    const int8_t* xr = x.q + idx[r] * BLOCK;
+    const __m256i a = _mm256_maddubs_epi16(lo, broadcast4(xr, 2 * i));
+    const __m256i b = _mm256_maddubs_epi16(hi, broadcast4(xr, 2 * i + 1));
+    s[r] = _mm256_add_epi16(s[r], _mm256_add_epi16(a, b));
+  }
+}
+
+// a block's 8 steps of nibbles (q4's and q4k's arrays) with R rows, as 16-bit sums of pairs
+// of steps: 2 products <= 15 * 127 each, so 8 steps fit 16 bits
+template <int R>
+LOWBIT_INLINE void nibble_sums16(const uint8_t* nibbles, const XRows& x, const int64_t* idx,
+                                 __m256i* s) {
+  for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_si256();
+  for (int i = 0; i < 4; ++i) {
+    __m256i lo, hi;
+    nibble_pair<Y>(nibbles, 0, i, lo, hi);
+    sum_pair16<R>(lo, hi, x, idx, i, s);
+  }
+}
+
 struct Q4 : lowbit::Q4Layout {
   template <int R>
-  static LOWBIT_INLINE void dots(const uint8_t* rec, const XRows& x, const int64_t* idx,
+  static LOWBIT_INLINE void dots(const uint8_t* rec, int64_t, const XRows& x, const int64_t* idx,
                                  __m256i* d) {
-    __m256i s[R];
-    for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_si256();
-    for (int i = 0; i < 4; ++i) {  // 8 steps of 2 products <= 15 * 127: fits 16 bits
-      __m256i lo, hi;
-      nibble_pair(rec + WEIGHTS, i, lo, hi);
-      sum_pair16<R>(lo, hi, x, idx, i, s);
-    }
+    nibble_sums16<R>(rec + WEIGHTS, x, idx, d);
     const __m256i ones = _mm256_set1_epi16(1);
-    for (int r = 0; r < R; ++r) d[r] = _mm256_madd_epi16(s[r], ones);
+    for (int r = 0; r < R; ++r) d[r] = _mm256_madd_epi16(d[r], ones);
+  }
+};
+
+// q4k's block dots times the block's sub-scales (`sc`, 8 bytes: one per output): madd with
+// sc in both 16-bit halves of each lane in place of q4's ones
+struct Q4K : lowbit::Q4KLayout {
+  template <int R>
+  static LOWBIT_INLINE void dots(const uint8_t* nibbles, const uint8_t* sc, int64_t,
+                                 const XRows& x, const int64_t* idx, __m256i* d) {
+    nibble_sums16<R>(nibbles, x, idx, d);
+    const __m256i v = Y::u8(sc, 0), pairs = _mm256_or_si256(v, _mm256_slli_epi32(v, 16));
+    for (int r = 0; r < R; ++r) d[r] = _mm256_madd_epi16(d[r], pairs);
   }
 };
 
@@ -177,11 +213,11 @@ struct Q5 : lowbit::Q5Layout {
   static LOWBIT_INLINE void pair(const uint8_t* rec, __m256i plane, const XRows& x,
                                  const int64_t* idx, __m256i* s) {
     __m256i lo, hi;
-    q5_pair<I>(rec, plane, lo, hi);
+    q5_pair<Y, I>(rec, 0, plane, lo, hi);
     sum_pair16<R>(lo, hi, x, idx, I, s);
   }
   template <int R>
-  static LOWBIT_INLINE void dots(const uint8_t* rec, const XRows& x, const int64_t* idx,
+  static LOWBIT_INLINE void dots(const uint8_t* rec, int64_t, const XRows& x, const int64_t* idx,
                                  __m256i* d) {
     const __m256i plane = load(rec + PLANE), ones = _mm256_set1_epi16(1);
     __m256i s[R], t[R];
@@ -193,7 +229,53 @@ struct Q5 : lowbit::Q5Layout {
     pair<3, R>(rec, plane, x, idx, t);
     for (int r = 0; r < R; ++r)
       d[r] = _mm256_add_epi32(_mm256_madd_epi16(s[r], ones), _mm256_madd_epi16(t[r], ones));
-    q5_offset<R>(x, idx, d);
+    q5_offset<Y, R>(x, idx, d);
+  }
+};
+
+// Step S's weights (q, 0..63, unsigned as maddubs wants them) times R rows of x, added into
+// 16-bit sums. A product pair is <= 2 * 63 * 127 (no saturation); four steps' sums may wrap,
+// but once q6's offset is taken off (q6_offsets) the true value, |sum((q - 32) x)| <=
+// 8 * 32 * 127, fits 16 bits, so wrapping arithmetic gives it exactly.
+template <int S, int R>
+LOWBIT_INLINE void q6_step(__m256i nib, __m256i plane, const XRows& x, const int64_t* idx,
+                           __m256i* s) {
+  const __m256i w = _mm256_or_si256(nib, top2<Y, S % 4>(plane));
+  for (int r = 0; r < R; ++r)
+    s[r] = _mm256_add_epi16(s[r], _mm256_maddubs_epi16(w, broadcast4(x.q + idx[r] * BLOCK, S)));
+}
+
+// dot = sc_0 * (steps 0-3's dot) + sc_1 * (steps 4-7's): |dot| <= 2 * 128 * 16 * 32 * 127
+// < 2^24, exact in float32.
+struct Q6 : lowbit::Q6Layout {
+  template <int H, int R>
+  static LOWBIT_INLINE void half(const uint8_t* rec, const XRows& x, const int64_t* idx,
+                                 __m256i* d) {
+    const __m256i plane = load(rec + PLANES + 32 * H);
+    __m256i s[R];
+    for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_si256();
+    __m256i lo, hi;
+    nibble_pair<Y>(rec + WEIGHTS, 0, 2 * H, lo, hi);
+    q6_step<4 * H, R>(lo, plane, x, idx, s);
+    q6_step<4 * H + 1, R>(hi, plane, x, idx, s);
+    nibble_pair<Y>(rec + WEIGHTS, 0, 2 * H + 1, lo, hi);
+    q6_step<4 * H + 2, R>(lo, plane, x, idx, s);
+    q6_step<4 * H + 3, R>(hi, plane, x, idx, s);
+    // the 8 int8 sub-scales with each in both 16-bit halves of its lane, so that madd gives
+    // each output sc * (its two 16-bit sums)
+    const __m256i v = Y::i8(rec + SUBSCALES + TILE * H, 0);
+    const __m256i sc = _mm256_blend_epi16(v, _mm256_slli_epi32(v, 16), 0xAA);
+    for (int r = 0; r < R; ++r) {
+      const __m256i off = _mm256_set1_epi32(x.pairs[2 * idx[r] + H]);  // 32 * x's pair sums
+      d[r] = _mm256_add_epi32(d[r], _mm256_madd_epi16(_mm256_sub_epi16(s[r], off), sc));
+    }
+  }
+  template <int R>
+  static LOWBIT_INLINE void dots(const uint8_t* rec, int64_t, const XRows& x, const int64_t* idx,
+                                 __m256i* d) {
+    for (int r = 0; r < R; ++r) d[r] = _mm256_setzero_si256();
+    half<0, R>(rec, x, idx, d);
+    half<1, R>(rec, x, idx, d);
   }
 };
 
@@ -222,6 +304,14 @@ std::atomic<int>& isa() {
 // registers, enough for 4 rows' accumulators and dots; the VNNI file takes 8
 constexpr int AVX2_ROWS = 4;
 constexpr int VNNI_ROWS = 8;
+// VNNI calls of this many rows or more take two tiles per 512-bit vector (lowbit_vnni.cpp):
+// twice the multiplies per instruction, for the rows of verification and prefill. Fewer rows
+// are bound by memory, and there one tile per 256-bit vector (one stream of records) reads
+// faster. The 0.5B's forward on a Zen 5, 2 threads, 256-bit against 512-bit, ms: 1 row
+// 7.8-8.2 against 8.7-8.8, 2 rows 7.9-8.3 against 9.0 (another hour), 3 rows 9.8-9.9 against 10.0-10.6, 4 rows the
+// same (11.1-11.5), 6 rows 14.9 against 13.1, 8 rows 18.8 against 15.4, 16 rows 33.5 against
+// 25.3.
+constexpr int64_t PAIR_ROWS = 4;
 // x rows in chunks of about this many bytes, so that a chunk stays in L2 while a thread
 // walks its tiles (a tile's records are read once per chunk)
 constexpr int64_t CHUNK_BYTES = 256 * 1024;
@@ -237,17 +327,22 @@ struct Part {
 
 constexpr int64_t KINDS = 5;
 constexpr int64_t RECORD_BYTES[KINDS] = {Q8::RECORD, Q4::RECORD, Q5::RECORD, Q6::RECORD,
-                                         lowbit::Q4KLayout::RECORD};
+                                         Q4K::RECORD};
 // inputs one record covers: a block of 32, or q4k's super-block of 256
 constexpr int64_t RECORD_INPUTS[KINDS] = {Q8::INPUTS, Q4::INPUTS, Q5::INPUTS, Q6::INPUTS,
-                                          lowbit::Q4KLayout::INPUTS};
+                                          Q4K::INPUTS};
 
-void tile_rows(bool vnni, const Part& p, int64_t t, const XRows& x, int64_t m0, int64_t m1,
-               int64_t n_out, float* y, const float* bias) {
+// Tiles t and, where `tiles` is 2, t + 1 of part p (AVX2 runs one at a time)
+void tile_rows(bool vnni, const Part& p, int64_t t, int tiles, const XRows& x, int64_t m0,
+               int64_t m1, int64_t n_out, float* y, const float* bias) {
   const uint8_t* rec = p.base + t * p.tile_bytes;
   const int64_t n0 = p.n0 + t * TILE;
-  if (vnni) return lowbit::vnni_tile_rows(p.kind, rec, x, m0, m1, n0, n_out, y, bias);
-  kind_rows<AVX2_ROWS, Q8, Q4, Q5>(p.kind, rec, x, m0, m1, n0, n_out, y, bias);
+  if (vnni) {
+    // one tile alone reads itself twice (stride 0) and keeps the first half
+    const int64_t stride = tiles == 2 ? p.tile_bytes : 0;
+    return lowbit::vnni_tile_rows(p.kind, rec, stride, tiles, x, m0, m1, n0, n_out, y, bias);
+  }
+  kind_rows<AVX2_ROWS, Y, Q8, Q4, Q5, Q6, Q4K>(p.kind, rec, 0, x, m0, m1, n0, n_out, y, bias, 1);
 }
 
 // y = x @ [W_0; W_1; ...]^T + bias for a whole call: quantize x's rows, then walk the tiles.
@@ -259,6 +354,7 @@ void run(const torch::Tensor& x_in, const std::vector<Part>& parts, int64_t n_ou
   std::vector<int64_t> first{0};  // global tile index -> part: parts' tile ranges
   for (const Part& p : parts) first.push_back(first.back() + p.tiles);
   const int64_t group = vnni ? VNNI_ROWS : AVX2_ROWS;
+  const bool pairs = vnni && M >= PAIR_ROWS;
   const int64_t chunk = std::max<int64_t>(group, CHUNK_BYTES / K / group * group);
   // about 64K weights per task: small matrices stay on one thread
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / (K * TILE));
@@ -269,7 +365,10 @@ void run(const torch::Tensor& x_in, const std::vector<Part>& parts, int64_t n_ou
       size_t p = std::upper_bound(first.begin(), first.end(), t0) - first.begin() - 1;
       for (int64_t t = t0; t < t1; ++t) {
         while (t >= first[p + 1]) ++p;
-        tile_rows(vnni, parts[p], t - first[p], x, mc, me, n_out, yp, bias);
+        // VNNI's 512-bit vectors take two tiles of the same part at once
+        const int tiles = pairs && t + 1 < t1 && t + 1 < first[p + 1] ? 2 : 1;
+        tile_rows(vnni, parts[p], t - first[p], tiles, x, mc, me, n_out, yp, bias);
+        t += tiles - 1;
       }
     }
   });

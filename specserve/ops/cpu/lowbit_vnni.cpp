@@ -1,18 +1,23 @@
-// The low-bit kernels' block dots with AVX-512 VNNI (256-bit vectors, AVX512VL), for CPUs
-// that have it (Zen 4 and later, Intel since Ice Lake); lowbit.cpp picks this file's
-// `vnni_tile_rows` at run time and keeps its AVX2 dots for the rest.
+// The low-bit kernels' block dots with AVX-512 VNNI on 512-bit vectors, for CPUs that have
+// it (Zen 4 and later, Intel since Ice Lake); lowbit.cpp picks this file's `vnni_tile_rows`
+// at run time and keeps its AVX2 dots for the rest.
 //
 // Why: vpdpbusd multiplies 4 unsigned by 4 signed bytes per 32-bit lane and adds them into
 // the lane, with no 16-bit intermediate to saturate. One instruction replaces AVX2's
 // maddubs + madd + add (and q8's sign), so each extra row of x (verification, prefill,
 // other slots) costs one multiply per step instead of two to four, and with 32 vector
-// registers a tile takes 8 rows per record read instead of 4.
-//   q4/q5: weights are the unsigned operand (0..15 / 0..31), x the signed one.
+// registers a group takes 8 rows per record read instead of 4.
+//   q4/q5/q6/q4k: weights are the unsigned operand (0..15 / 0..31 / 0..63), x the signed one.
 //   q8: x + 128 is the unsigned operand (XRows::u) and the int8 weights the signed one;
 //       sum((q_x + 128) w) - 128 sum(w) is the exact dot, sum(w) from one more vpdpbusd
-//       per step with ones, shared by every row of the tile.
+//       per step with ones, shared by every row of the group.
+// Each vector holds two neighbouring tiles (16 outputs: the first tile's record in the low
+// 256 bits, the second's, `stride` bytes on, in the high), so every instruction does twice
+// the work of a 256-bit one. Zen 5 runs 512-bit vpdpbusd at the rate of 256-bit ones (two a
+// cycle: 491 against 246 GMAC/s on one core here), which is what bounds verification's and
+// prefill's many rows; Zen 4 splits them in halves, no slower than two 256-bit ones.
 // The dots are exact integers, as on AVX2, and lowbit_tile.h turns them into float32 with
-// the same operations: both paths give the same bits.
+// the same operations per output: both paths give the same bits.
 //
 // Everything below is compiled for AVX-512; the file uses no standard-library templates
 // (see lowbit_tile.h) and no torch headers.
@@ -22,97 +27,236 @@
 
 namespace {
 
-constexpr int ROWS = 8;  // 32 registers: 8 accumulators and 8 dots stay in registers
+constexpr int ROWS = 8;  // 32 registers: 8 rows' accumulators and dots stay in registers
+
+// 256-bit vectors with VNNI: one tile, for calls of few rows (see lowbit.cpp's run)
+struct YV : Y {
+  static LOWBIT_INLINE I dpbusd(I acc, I u, I s) { return _mm256_dpbusd_epi32(acc, u, s); }
+  static LOWBIT_INLINE I mullo(I a, I b) { return _mm256_mullo_epi32(a, b); }
+  template <int N>
+  static LOWBIT_INLINE I shl32(I a) { return _mm256_slli_epi32(a, N); }
+};
+
+// 512-bit vectors: two tiles side by side, the second's fields `stride` bytes after the
+// first's (the same record of the next tile).
+struct Z {
+  using I = __m512i;
+  using F = __m512;
+  static constexpr int TILES = 2;
+  static LOWBIT_INLINE I load(const uint8_t* p, int64_t stride) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(::load(p)), ::load(p + stride), 1);
+  }
+  static LOWBIT_INLINE I zero() { return _mm512_setzero_si512(); }
+  static LOWBIT_INLINE I bytes(char c) { return _mm512_set1_epi8(c); }
+  static LOWBIT_INLINE I lanes(int32_t v) { return _mm512_set1_epi32(v); }
+  static LOWBIT_INLINE I and_(I a, I b) { return _mm512_and_si512(a, b); }
+  static LOWBIT_INLINE I or_(I a, I b) { return _mm512_or_si512(a, b); }
+  static LOWBIT_INLINE I add(I a, I b) { return _mm512_add_epi32(a, b); }
+  static LOWBIT_INLINE I sub(I a, I b) { return _mm512_sub_epi32(a, b); }
+  template <int N>
+  static LOWBIT_INLINE I shl16(I a) { return _mm512_slli_epi16(a, N); }
+  template <int N>
+  static LOWBIT_INLINE I shr16(I a) { return _mm512_srli_epi16(a, N); }
+  static LOWBIT_INLINE __m128i pair8(const uint8_t* p, int64_t stride) {
+    return _mm_unpacklo_epi64(load8(p), load8(p + stride));
+  }
+  static LOWBIT_INLINE I u8(const uint8_t* p, int64_t s) { return _mm512_cvtepu8_epi32(pair8(p, s)); }
+  static LOWBIT_INLINE I i8(const uint8_t* p, int64_t s) { return _mm512_cvtepi8_epi32(pair8(p, s)); }
+  static LOWBIT_INLINE F halves(const uint8_t* p, int64_t stride) {
+    const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(load16(p)),
+                                                 load16(p + stride), 1);
+    return _mm512_cvtph_ps(both);
+  }
+  static LOWBIT_INLINE F fzero() { return _mm512_setzero_ps(); }
+  static LOWBIT_INLINE F splat(float v) { return _mm512_set1_ps(v); }
+  static LOWBIT_INLINE F cvt(I a) { return _mm512_cvtepi32_ps(a); }
+  static LOWBIT_INLINE F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static LOWBIT_INLINE F fsub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static LOWBIT_INLINE F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static LOWBIT_INLINE void store(float* out, F a) { _mm512_storeu_ps(out, a); }
+  static LOWBIT_INLINE I dpbusd(I acc, I u, I s) { return _mm512_dpbusd_epi32(acc, u, s); }
+  static LOWBIT_INLINE I mullo(I a, I b) { return _mm512_mullo_epi32(a, b); }
+  template <int N>
+  static LOWBIT_INLINE I shl32(I a) { return _mm512_slli_epi32(a, N); }
+};
 
 // A block's dots are a chain of 8 vpdpbusd per row (latency ~4 cycles each). With one row
 // (decode) that chain, not memory, set the pace: q5 took ~33 cycles a block, where reading
-// its 176 bytes at one core's bandwidth takes ~20. So even and odd steps run in two chains,
-// at every row count: with 5-7 rows in one chain each the dots were still latency-bound,
-// and a fifth row cost 1.9x what the fourth did (L2-resident q5, one thread); with two
-// chains every row up to 8 costs about the same (32 registers hold 8 rows' three vectors).
+// its 176 bytes at one core's bandwidth takes ~20. So groups of up to 4 rows run even and
+// odd steps in two chains: with 5-7 rows in one chain each the 256-bit dots were still
+// latency-bound, and a fifth row cost 1.9x what the fourth did (L2-resident q5, one thread).
+// Groups of more rows keep one chain a row: 8 rows are 8 independent chains, and 8 more
+// accumulators beside the 8 float sums did not fit the 32 registers (g++ spilled them).
+template <class V, int R>
+struct Chains {
+  static constexpr bool TWO = R <= 4;
+  typename V::I odd[TWO ? R : 1];
+  // zeroes d (and the second chains); returns where the odd steps' dots go
+  LOWBIT_INLINE typename V::I* start(typename V::I* d) {
+    for (int r = 0; r < R; ++r) d[r] = V::zero();
+    if constexpr (TWO) {
+      for (int r = 0; r < R; ++r) odd[r] = V::zero();
+      return odd;
+    }
+    return d;
+  }
+  // each row's two chains added (exact integers, so the split changes no bits)
+  LOWBIT_INLINE void join(typename V::I* d) const {
+    if constexpr (TWO)
+      for (int r = 0; r < R; ++r) d[r] = V::add(d[r], odd[r]);
+  }
+};
 
-// the two chains of each row added (exact integers, so the split changes no bits)
-template <int R>
-LOWBIT_INLINE void join(__m256i* d, const __m256i* e) {
-  for (int r = 0; r < R; ++r) d[r] = _mm256_add_epi32(d[r], e[r]);
-}
-
+template <class V>
 struct Q8 : lowbit::Q8Layout {
+  using I = typename V::I;
   template <int R>
-  static LOWBIT_INLINE void dots(const uint8_t* rec, const XRows& x, const int64_t* idx,
-                                 __m256i* d) {
-    const __m256i ones = _mm256_set1_epi8(1);
-    __m256i wsum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, e[R];
-    for (int r = 0; r < R; ++r) d[r] = e[r] = _mm256_setzero_si256();
+  static LOWBIT_INLINE void dots(const uint8_t* rec, int64_t stride, const XRows& x,
+                                 const int64_t* idx, I* d) {
+    const I ones = V::bytes(1);
+    I wsum[2] = {V::zero(), V::zero()};
+    Chains<V, R> chains;
+    I* e = chains.start(d);
     for (int j = 0; j < 8; j += 2) {  // even and odd steps in two chains (see above)
-      const __m256i w0 = load(rec + WEIGHTS + 32 * j), w1 = load(rec + WEIGHTS + 32 * j + 32);
-      wsum[0] = _mm256_dpbusd_epi32(wsum[0], ones, w0);
-      wsum[1] = _mm256_dpbusd_epi32(wsum[1], ones, w1);
+      const I w0 = V::load(rec + WEIGHTS + 32 * j, stride);
+      const I w1 = V::load(rec + WEIGHTS + 32 * j + 32, stride);
+      wsum[0] = V::dpbusd(wsum[0], ones, w0);
+      wsum[1] = V::dpbusd(wsum[1], ones, w1);
       for (int r = 0; r < R; ++r) {
         const uint8_t* xr = x.u + idx[r] * BLOCK;
-        d[r] = _mm256_dpbusd_epi32(d[r], broadcast4(xr, j), w0);
-        e[r] = _mm256_dpbusd_epi32(e[r], broadcast4(xr, j + 1), w1);
+        d[r] = V::dpbusd(d[r], V::lanes(four(xr, j)), w0);
+        e[r] = V::dpbusd(e[r], V::lanes(four(xr, j + 1)), w1);
       }
     }
-    join<R>(d, e);
-    const __m256i shift = _mm256_slli_epi32(_mm256_add_epi32(wsum[0], wsum[1]), 7);
-    for (int r = 0; r < R; ++r) d[r] = _mm256_sub_epi32(d[r], shift);
+    chains.join(d);
+    const I shift = V::template shl32<7>(V::add(wsum[0], wsum[1]));
+    for (int r = 0; r < R; ++r) d[r] = V::sub(d[r], shift);
   }
 };
 
 // steps 2i and 2i+1 (bytes lo, hi) into R rows' dots: the odd steps into e
-template <int R>
-LOWBIT_INLINE void add_pair(__m256i lo, __m256i hi, const XRows& x, const int64_t* idx, int i,
-                            __m256i* d, __m256i* e) {
+template <class V, int R>
+LOWBIT_INLINE void add_pair(typename V::I lo, typename V::I hi, const XRows& x,
+                            const int64_t* idx, int i, typename V::I* d, typename V::I* e) {
   for (int r = 0; r < R; ++r) {
     const int8_t* xr = x.q + idx[r] * BLOCK;
-    d[r] = _mm256_dpbusd_epi32(d[r], lo, broadcast4(xr, 2 * i));
-    e[r] = _mm256_dpbusd_epi32(e[r], hi, broadcast4(xr, 2 * i + 1));
+    d[r] = V::dpbusd(d[r], lo, V::lanes(four(xr, 2 * i)));
+    e[r] = V::dpbusd(e[r], hi, V::lanes(four(xr, 2 * i + 1)));
   }
 }
 
+// a block's 8 steps of nibbles (q4's and q4k's arrays) with R rows: exact int32 dots
+template <class V, int R>
+LOWBIT_INLINE void nibble_dots(const uint8_t* nibbles, int64_t stride, const XRows& x,
+                               const int64_t* idx, typename V::I* d) {
+  using I = typename V::I;
+  Chains<V, R> chains;
+  I* e = chains.start(d);
+  for (int i = 0; i < 4; ++i) {
+    I lo, hi;
+    nibble_pair<V>(nibbles, stride, i, lo, hi);
+    add_pair<V, R>(lo, hi, x, idx, i, d, e);
+  }
+  chains.join(d);
+}
 
+template <class V>
 struct Q4 : lowbit::Q4Layout {
+  using I = typename V::I;
   template <int R>
-  static LOWBIT_INLINE void dots(const uint8_t* rec, const XRows& x, const int64_t* idx,
-                                 __m256i* d) {
-    __m256i e[R];
-    for (int r = 0; r < R; ++r) d[r] = e[r] = _mm256_setzero_si256();
-    for (int i = 0; i < 4; ++i) {
-      __m256i lo, hi;
-      nibble_pair(rec + WEIGHTS, i, lo, hi);
-      add_pair<R>(lo, hi, x, idx, i, d, e);
-    }
-    join<R>(d, e);
+  static LOWBIT_INLINE void dots(const uint8_t* rec, int64_t stride, const XRows& x,
+                                 const int64_t* idx, I* d) {
+    nibble_dots<V, R>(rec + WEIGHTS, stride, x, idx, d);
   }
 };
 
+// q4k's block dots times the block's sub-scales (`sc`: one byte per output); the same
+// integers as AVX2's madd with sc in both halves of each lane
+template <class V>
+struct Q4K : lowbit::Q4KLayout {
+  using I = typename V::I;
+  template <int R>
+  static LOWBIT_INLINE void dots(const uint8_t* nibbles, const uint8_t* sc, int64_t stride,
+                                 const XRows& x, const int64_t* idx, I* d) {
+    nibble_dots<V, R>(nibbles, stride, x, idx, d);
+    const I s = V::u8(sc, stride);
+    for (int r = 0; r < R; ++r) d[r] = V::mullo(d[r], s);
+  }
+};
+
+template <class V>
 struct Q5 : lowbit::Q5Layout {
-  template <int I, int R>
-  static LOWBIT_INLINE void pair(const uint8_t* rec, __m256i plane, const XRows& x,
-                                 const int64_t* idx, __m256i* d, __m256i* e) {
-    __m256i lo, hi;
-    q5_pair<I>(rec, plane, lo, hi);
-    add_pair<R>(lo, hi, x, idx, I, d, e);
+  using I = typename V::I;
+  template <int P, int R>
+  static LOWBIT_INLINE void pair(const uint8_t* rec, int64_t stride, I plane,
+                                 const XRows& x, const int64_t* idx, I* d, I* e) {
+    I lo, hi;
+    q5_pair<V, P>(rec, stride, plane, lo, hi);
+    add_pair<V, R>(lo, hi, x, idx, P, d, e);
   }
   template <int R>
-  static LOWBIT_INLINE void dots(const uint8_t* rec, const XRows& x, const int64_t* idx,
-                                 __m256i* d) {
-    const __m256i plane = load(rec + PLANE);
-    __m256i e[R];
-    for (int r = 0; r < R; ++r) d[r] = e[r] = _mm256_setzero_si256();
-    pair<0, R>(rec, plane, x, idx, d, e);
-    pair<1, R>(rec, plane, x, idx, d, e);
-    pair<2, R>(rec, plane, x, idx, d, e);
-    pair<3, R>(rec, plane, x, idx, d, e);
-    join<R>(d, e);
-    q5_offset<R>(x, idx, d);
+  static LOWBIT_INLINE void dots(const uint8_t* rec, int64_t stride, const XRows& x,
+                                 const int64_t* idx, I* d) {
+    const I plane = V::load(rec + PLANE, stride);
+    Chains<V, R> chains;
+    I* e = chains.start(d);
+    pair<0, R>(rec, stride, plane, x, idx, d, e);
+    pair<1, R>(rec, stride, plane, x, idx, d, e);
+    pair<2, R>(rec, stride, plane, x, idx, d, e);
+    pair<3, R>(rec, stride, plane, x, idx, d, e);
+    chains.join(d);
+    q5_offset<V, R>(x, idx, d);
+  }
+};
+
+// q6: the unsigned q (0..63) in vpdpbusd, each half (steps 4h..4h+3, one int8 sub-scale per
+// output) in a chain of its own, so the two halves are the two chains. A half's exact dot
+// less 32 * sum(x) over its 16 inputs is its dot with q - 32; times the sub-scale and summed,
+// the same integer as AVX2's 16-bit path (|dot| < 2^24).
+template <class V>
+struct Q6 : lowbit::Q6Layout {
+  using I = typename V::I;
+  template <int H, int R>
+  static LOWBIT_INLINE void half(const uint8_t* rec, int64_t stride, const XRows& x,
+                                 const int64_t* idx, I* s) {
+    const I plane = V::load(rec + PLANES + 32 * H, stride);
+    I lo, hi;
+    for (int r = 0; r < R; ++r) s[r] = V::zero();
+    nibble_pair<V>(rec + WEIGHTS, stride, 2 * H, lo, hi);
+    add_pair<V, R>(V::or_(lo, top2<V, 0>(plane)), V::or_(hi, top2<V, 1>(plane)), x, idx, 2 * H, s,
+                s);
+    nibble_pair<V>(rec + WEIGHTS, stride, 2 * H + 1, lo, hi);
+    add_pair<V, R>(V::or_(lo, top2<V, 2>(plane)), V::or_(hi, top2<V, 3>(plane)), x, idx,
+                2 * H + 1, s, s);
+  }
+  // 32 * x's sum over half h's 16 inputs: the two int16 of q6_offsets' pair, added
+  static LOWBIT_INLINE I offset(const XRows& x, int64_t i, int h) {
+    const int32_t p = x.pairs[2 * i + h];
+    return V::lanes(static_cast<int16_t>(p & 0xFFFF) + static_cast<int16_t>(p >> 16));
+  }
+  template <int R>
+  static LOWBIT_INLINE void dots(const uint8_t* rec, int64_t stride, const XRows& x,
+                                 const int64_t* idx, I* d) {
+    I t[R];
+    half<0, R>(rec, stride, x, idx, d);
+    half<1, R>(rec, stride, x, idx, t);
+    const I sc0 = V::i8(rec + SUBSCALES, stride), sc1 = V::i8(rec + SUBSCALES + TILE, stride);
+    for (int r = 0; r < R; ++r) {
+      const I a = V::mullo(V::sub(d[r], offset(x, idx[r], 0)), sc0);
+      const I b = V::mullo(V::sub(t[r], offset(x, idx[r], 1)), sc1);
+      d[r] = V::add(a, b);
+    }
   }
 };
 
 }  // namespace
 
-void lowbit::vnni_tile_rows(int64_t kind, const uint8_t* records, const XRows& x, int64_t m0,
-                            int64_t m1, int64_t n0, int64_t n_out, float* y, const float* bias) {
-  kind_rows<ROWS, Q8, Q4, Q5>(kind, records, x, m0, m1, n0, n_out, y, bias);  // Q6: the shared AVX2 dots
+void lowbit::vnni_tile_rows(int64_t kind, const uint8_t* records, int64_t stride, int tiles,
+                            const XRows& x, int64_t m0, int64_t m1, int64_t n0, int64_t n_out,
+                            float* y, const float* bias) {
+  if (tiles == 2)
+    return kind_rows<ROWS, Z, Q8<Z>, Q4<Z>, Q5<Z>, Q6<Z>, Q4K<Z>>(kind, records, stride, x, m0, m1,
+                                                                  n0, n_out, y, bias, 2);
+  kind_rows<ROWS, YV, Q8<YV>, Q4<YV>, Q5<YV>, Q6<YV>, Q4K<YV>>(kind, records, 0, x, m0, m1, n0,
+                                                               n_out, y, bias, 1);
 }
