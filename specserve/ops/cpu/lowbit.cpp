@@ -85,20 +85,56 @@ struct QuantRows {
   }
 };
 
-// q6's offset for one block of q: per half h (16 inputs, steps 4h..4h+3), 32 times the sums
-// of the inputs each 16-bit lane of a step's maddubs meets (even lanes: inputs 4s, 4s+1; odd:
-// 4s+2, 4s+3), as two int16 in one int32. The q6 dots multiply unsigned q (0..63) and take
-// these off, which is the product with q - 32 (|32 * sum| <= 32 * 8 * 127 fits 16 bits).
-void q6_offsets(const int8_t* q, int32_t* out) {
+// q6's offset for one block of q, from its 32 values as four int32 vectors (inputs 0-7, 8-15,
+// 16-23, 24-31): per half h (16 inputs, steps 4h..4h+3), 32 times the sums of the inputs each
+// 16-bit lane of a step's maddubs meets (even lanes: inputs 4s, 4s+1; odd: 4s+2, 4s+3), as two
+// int16 in one int32. The q6 dots multiply unsigned q (0..63) and take these off, which is the
+// product with q - 32 (|32 * sum| <= 32 * 8 * 127 fits 16 bits). Returns sum(q).
+int32_t q6_offsets(const __m256i* q, int32_t* out) {
+  int32_t total = 0;
   for (int h = 0; h < 2; ++h) {
-    int even = 0, odd = 0;
-    for (int s = 4 * h; s < 4 * h + 4; ++s) {
-      even += q[4 * s] + q[4 * s + 1];
-      odd += q[4 * s + 2] + q[4 * s + 3];
-    }
+    // lane j: inputs j and j + 8 of the half, then lanes j and j + 4 added: j % 4 is what a
+    // lane's input is modulo 4, which decides its maddubs lane
+    const __m256i s = _mm256_add_epi32(q[2 * h], q[2 * h + 1]);
+    const __m128i f = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    const int even = _mm_extract_epi32(f, 0) + _mm_extract_epi32(f, 1);
+    const int odd = _mm_extract_epi32(f, 2) + _mm_extract_epi32(f, 3);
     const uint32_t lo = static_cast<uint16_t>(32 * even), hi = static_cast<uint16_t>(32 * odd);
     out[h] = static_cast<int32_t>(lo | (hi << 16));
+    total += even + odd;
   }
+  return total;
+}
+
+// One block of 32 inputs: d = max|v| / 127, q = round-to-nearest-even(v * 127 / max|v|) (as
+// llama.cpp's Q8_0), into q (and q + 128 into u where asked), with the block's sums. AVX2:
+// the scalar loop (nearbyint per input) took ~1.5 ns an input, 60 us a call for 8 rows of
+// the 0.5B's down projection (4864 inputs) and ~2.6 ms of an 8-row forward.
+void quantize_block(const float* v, int8_t* q, uint8_t* u, float& d, float& sum, int32_t& isum,
+                    int32_t* pairs) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 x[4], m = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    x[i] = _mm256_loadu_ps(v + 8 * i);
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, x[i]));
+  }
+  m = _mm256_max_ps(m, _mm256_permute2f128_ps(m, m, 1));
+  m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0x4E));
+  m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0xB1));
+  const float amax = _mm256_cvtss_f32(m);
+  const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+  __m256i qi[4];
+  for (int i = 0; i < 4; ++i)  // the default rounding mode: to nearest, ties to even
+    qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(x[i], _mm256_set1_ps(id)));
+  // packs interleave the 128-bit halves; the permute puts the 32 bytes back in order
+  const __m256i b = _mm256_permutevar8x32_epi32(
+      _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3])),
+      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), b);
+  if (u) _mm256_storeu_si256(reinterpret_cast<__m256i*>(u), _mm256_xor_si256(b, _mm256_set1_epi8(-128)));
+  isum = q6_offsets(qi, pairs);
+  d = amax / 127.0f;
+  sum = d * static_cast<float>(isum);
 }
 
 const QuantRows& quantize_rows(const torch::Tensor& x, bool with_u) {
@@ -114,23 +150,9 @@ const QuantRows& quantize_rows(const torch::Tensor& x, bool with_u) {
   float *dp = r.d.data(), *sp = r.sum.data();
   int32_t *ip = r.isum.data(), *pp = r.pairs.data();
   at::parallel_for(0, M * nb, 256, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const float* v = xp + i * BLOCK;
-      float amax = 0.0f;
-      for (int j = 0; j < BLOCK; ++j) amax = std::max(amax, std::fabs(v[j]));
-      const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-      int sum = 0;
-      for (int j = 0; j < BLOCK; ++j) {
-        const int q = static_cast<int>(std::nearbyint(v[j] * id));
-        qp[i * BLOCK + j] = static_cast<int8_t>(q);
-        if (up) up[i * BLOCK + j] = static_cast<uint8_t>(q + 128);
-        sum += q;
-      }
-      dp[i] = d;
-      sp[i] = d * static_cast<float>(sum);
-      ip[i] = sum;
-      q6_offsets(qp + i * BLOCK, pp + 2 * i);
-    }
+    for (int64_t i = i0; i < i1; ++i)
+      quantize_block(xp + i * BLOCK, qp + i * BLOCK, up ? up + i * BLOCK : nullptr, dp[i], sp[i],
+                     ip[i], pp + 2 * i);
   });
   return r;
 }
