@@ -131,7 +131,8 @@ void quantize_block(const float* v, int8_t* q, uint8_t* u, float& d, float& sum,
       _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3])),
       _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), b);
-  if (u) _mm256_storeu_si256(reinterpret_cast<__m256i*>(u), _mm256_xor_si256(b, _mm256_set1_epi8(-128)));
+  if (u)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(u), _mm256_xor_si256(b, _mm256_set1_epi8(-128)));
   isum = q6_offsets(qi, pairs);
   d = amax / 127.0f;
   sum = d * static_cast<float>(isum);
@@ -329,10 +330,10 @@ constexpr int VNNI_ROWS = 8;
 // VNNI calls of this many rows or more take two tiles per 512-bit vector (lowbit_vnni.cpp):
 // twice the multiplies per instruction, for the rows of verification and prefill. Fewer rows
 // are bound by memory, and there one tile per 256-bit vector (one stream of records) reads
-// faster. The 0.5B's forward on a Zen 5, 2 threads, 256-bit against 512-bit, ms: 1 row
-// 7.8-8.2 against 8.7-8.8, 2 rows 7.9-8.3 against 9.0 (another hour), 3 rows 9.8-9.9 against 10.0-10.6, 4 rows the
-// same (11.1-11.5), 6 rows 14.9 against 13.1, 8 rows 18.8 against 15.4, 16 rows 33.5 against
-// 25.3.
+// faster. The 0.5B's forward on a Zen 5, 2 threads, 256-bit against 512-bit, ms:
+//   1 row 7.8-8.2 against 8.7-8.8, 2 rows 7.9-8.3 against 9.0 (another hour),
+//   3 rows 9.8-9.9 against 10.0-10.6, 4 rows the same (11.1-11.5),
+//   6 rows 14.9 against 13.1, 8 rows 18.8 against 15.4, 16 rows 33.5 against 25.3.
 constexpr int64_t PAIR_ROWS = 4;
 // x rows in chunks of about this many bytes, so that a chunk stays in L2 while a thread
 // walks its tiles (a tile's records are read once per chunk)

@@ -3,14 +3,14 @@
 // records, written once for a vector type V (Y here: 256 bits, one tile of 8 outputs; Z in
 // lowbit_vnni.cpp: 512 bits, two tiles side by side). Each instruction-set file (lowbit.cpp:
 // AVX2; lowbit_vnni.cpp: AVX-512 VNNI) includes this after choosing its target, defines its
-// kinds' `dots`, and so compiles its own copy of the walk: the copies live in an anonymous namespace, so neither file can link to the other's
-// (a shared inline function compiled with AVX-512 could otherwise be the one the linker
-// keeps, and crash an AVX2 machine). Nothing here uses the standard library's templates for
-// the same reason.
+// kinds' `dots`, and so compiles its own copy of the walk: the copies live in an anonymous
+// namespace, so neither file can link to the other's (a shared inline function compiled with
+// AVX-512 could otherwise be the one the linker keeps, and crash an AVX2 machine). Nothing
+// here uses the standard library's templates for the same reason.
 //
-// A tile turns exact int32 block dots into float32 the same way in both files, with the same
-// operations in the same order (cvt, mul, fma; -ffp-contract=off), so the two instruction
-// sets give the same bits.
+// A tile turns exact int32 block dots into float32 the same way in every file and width,
+// with the same operations per output in the same order (cvt, mul, fma; -ffp-contract=off),
+// so the instruction sets give the same bits.
 #pragma once
 
 #include <immintrin.h>

@@ -60,8 +60,12 @@ struct Z {
   static LOWBIT_INLINE __m128i pair8(const uint8_t* p, int64_t stride) {
     return _mm_unpacklo_epi64(load8(p), load8(p + stride));
   }
-  static LOWBIT_INLINE I u8(const uint8_t* p, int64_t s) { return _mm512_cvtepu8_epi32(pair8(p, s)); }
-  static LOWBIT_INLINE I i8(const uint8_t* p, int64_t s) { return _mm512_cvtepi8_epi32(pair8(p, s)); }
+  static LOWBIT_INLINE I u8(const uint8_t* p, int64_t s) {
+    return _mm512_cvtepu8_epi32(pair8(p, s));
+  }
+  static LOWBIT_INLINE I i8(const uint8_t* p, int64_t s) {
+    return _mm512_cvtepi8_epi32(pair8(p, s));
+  }
   static LOWBIT_INLINE F halves(const uint8_t* p, int64_t stride) {
     const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(load16(p)),
                                                  load16(p + stride), 1);
