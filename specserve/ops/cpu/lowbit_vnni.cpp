@@ -11,11 +11,13 @@
 //   q8: x + 128 is the unsigned operand (XRows::u) and the int8 weights the signed one;
 //       sum((q_x + 128) w) - 128 sum(w) is the exact dot, sum(w) from one more vpdpbusd
 //       per step with ones, shared by every row of the group.
-// Each vector holds two neighbouring tiles (16 outputs: the first tile's record in the low
-// 256 bits, the second's, `stride` bytes on, in the high), so every instruction does twice
-// the work of a 256-bit one. Zen 5 runs 512-bit vpdpbusd at the rate of 256-bit ones (two a
-// cycle: 491 against 246 GMAC/s on one core here), which is what bounds verification's and
-// prefill's many rows; Zen 4 splits them in halves, no slower than two 256-bit ones.
+// From 4 rows up (lowbit.cpp's PAIR_ROWS) each vector (Z) holds two neighbouring tiles (16
+// outputs: the first tile's record in the low 256 bits, the second's, `stride` bytes on, in
+// the high), so every instruction does twice the work of a 256-bit one: Zen 5 runs 512-bit
+// vpdpbusd at the rate of 256-bit ones (two a cycle: 491 against 246 GMAC/s on one core),
+// and that rate bounds verification's and prefill's many rows. (Zen 4 splits 512-bit
+// instructions in halves; not measured.) Fewer rows are bound by memory and run one tile per
+// 256-bit vector (YV).
 // The dots are exact integers, as on AVX2, and lowbit_tile.h turns them into float32 with
 // the same operations per output: both paths give the same bits.
 //
