@@ -360,11 +360,8 @@ void tile_rows(bool vnni, const Part& p, int64_t t, int tiles, const XRows& x, i
                int64_t m1, int64_t n_out, float* y, const float* bias) {
   const uint8_t* rec = p.base + t * p.tile_bytes;
   const int64_t n0 = p.n0 + t * TILE;
-  if (vnni) {
-    // one tile alone reads itself twice (stride 0) and keeps the first half
-    const int64_t stride = tiles == 2 ? p.tile_bytes : 0;
-    return lowbit::vnni_tile_rows(p.kind, rec, stride, tiles, x, m0, m1, n0, n_out, y, bias);
-  }
+  if (vnni)  // two tiles on 512-bit vectors, one on 256-bit (the next tile's records follow)
+    return lowbit::vnni_tile_rows(p.kind, rec, p.tile_bytes, tiles, x, m0, m1, n0, n_out, y, bias);
   kind_rows<AVX2_ROWS, Y, Q8, Q4, Q5, Q6, Q4K>(p.kind, rec, 0, x, m0, m1, n0, n_out, y, bias, 1);
 }
 
