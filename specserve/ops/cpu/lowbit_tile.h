@@ -223,7 +223,7 @@ LOWBIT_INLINE void store_rows(const typename V::F* acc, int64_t m0, int64_t n0, 
 // which the next call reads. Two tiles side by side (t, t + 1) are two streams, and the next
 // call takes t + 2 and t + 3: past the end of its tile each stream's look-ahead skips the
 // partner tile. (It ran on into t + 1, read already, and t + 3 was never prefetched: the
-// 0.5B's LM head, 896 inputs, took 4.0 ms for 4 rows against 2.8 for 3.)
+// 0.5B's LM head, 896 inputs, took 4.0 ms for 4 rows against 1.8-2.0 for 3; now 2.0-2.2.)
 template <class V>
 struct Ahead {
   const uint8_t* at;  // stream 0's next look-ahead; stream 1's is a stride on
@@ -301,7 +301,8 @@ LOWBIT_INLINE void q4k_tile(const uint8_t* records, int64_t stride, const XRows&
   typename V::F acc[R];
   for (int r = 0; r < R; ++r) acc[r] = V::fzero();
   // the next record's scales, and the nibbles a distance on
-  Ahead<V> scales(records, stride, K::RECORD), nibbles(records, stride, K::WEIGHTS + lowbit::PREFETCH);
+  Ahead<V> scales(records, stride, K::RECORD);
+  Ahead<V> nibbles(records, stride, K::WEIGHTS + lowbit::PREFETCH);
   for (int64_t sb = 0; sb < nb / 8; ++sb) {
     const uint8_t* rec = records + sb * K::RECORD;
     scales.next(K::WEIGHTS, K::RECORD);
