@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
+
+from tests.isa import kernel_isas
 
 # Tiny models gain nothing from a second thread, and on a busy 2-core machine OpenMP's
 # spinning threads make them up to 50x slower. Real-model fixtures ask for more.
@@ -19,6 +22,19 @@ def real_threads():  # noqa: ANN201
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(params=kernel_isas())
+def isa(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Runs the test on each instruction set the CPU kernels have here, then restores the
+    default."""
+    from specserve.models.layers.lowbit import kernel_isa
+
+    kernel_isa(request.param)
+    try:
+        yield request.param
+    finally:
+        kernel_isa("auto")
 
 
 @pytest.fixture(scope="session")

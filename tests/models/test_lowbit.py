@@ -3,8 +3,6 @@ every instruction set this CPU has (AVX2, and AVX-512 VNNI where present), with 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -22,25 +20,9 @@ from specserve.models.layers.lowbit import (
     q8_blocks,
 )
 from specserve.ops.cpu.build import problem
+from tests.isa import kernel_isas
 
 pytestmark = pytest.mark.skipif(problem() is not None, reason=f"low-bit kernels: {problem()}")
-
-
-def _isas() -> list[str]:
-    if problem() is not None:
-        return []
-    best = kernel_isa("auto")
-    return ["avx2"] if best == "avx2" else ["avx2", best]
-
-
-@pytest.fixture(params=_isas())
-def isa(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Runs the test on each instruction set the CPU has, then restores the default."""
-    kernel_isa(request.param)
-    try:
-        yield request.param
-    finally:
-        kernel_isa("auto")
 
 
 def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -305,7 +287,7 @@ def test_fused_q_k_v_and_gate_up_give_the_same_bits() -> None:
     assert not torch.equal(attn.q(y), q1)
 
 
-@pytest.mark.skipif(len(_isas()) < 2, reason="this CPU has only AVX2: one instruction set")
+@pytest.mark.skipif(len(kernel_isas()) < 2, reason="this CPU has only AVX2: one instruction set")
 @pytest.mark.parametrize("cls", [*BLOCKS, Q4KLinear])
 def test_every_instruction_set_gives_the_same_bits(cls: type) -> None:
     # the VNNI dots are the same integers (q8 by way of x + 128, q6 and q4k's sub-scales by
@@ -314,7 +296,7 @@ def test_every_instruction_set_gives_the_same_bits(cls: type) -> None:
     layer = _q4k_layer(n=70, k=1024) if cls is Q4KLinear else cls(w, bias)
     got = {}
     try:
-        for name in _isas():
+        for name in kernel_isas():
             kernel_isa(name)
             got[name] = layer(x)
     finally:
@@ -330,7 +312,7 @@ def test_unknown_instruction_set_is_refused() -> None:
     assert kernel_isa("") == kernel_isa("auto")
 
 
-@pytest.mark.skipif(len(_isas()) < 2, reason="this CPU has only AVX2: nothing to choose")
+@pytest.mark.skipif(len(kernel_isas()) < 2, reason="this CPU has only AVX2: nothing to choose")
 def test_the_environment_can_ask_for_avx2() -> None:
     import os
     import subprocess

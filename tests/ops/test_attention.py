@@ -10,6 +10,7 @@ from specserve.models.layers.basic import RotaryEmbedding
 from specserve.ops.cpu.build import problem
 from specserve.ops.fast.attention import cached_attention as fast
 from specserve.ops.naive.attention import cached_attention as naive
+from tests.isa import kernel_isas
 
 CASES = {
     "decode-one-slot": ([0], [9], [1], None),
@@ -18,6 +19,13 @@ CASES = {
     "mixed-batch": ([2, 0, 1], [0, 7, 30], [6, 1, 4], None),
     "window-decode": ([0], [40], [1], 8),
     "window-verify": ([1, 0], [33, 2], [5, 7], 6),
+}
+# the CPU kernel walks keys in chunks of 32 and rows in blocks of up to 8: ranges that start
+# and end mid-chunk, rows that see different chunks, more rows than a block
+LONG_CASES = {
+    "verify-across-chunks": ([2], [58], [9], None),
+    "window-across-chunks": ([0, 1], [40, 3], [11, 2], 37),
+    "prefill-many-blocks": ([1], [0], [75], None),
 }
 
 
@@ -36,14 +44,8 @@ def test_fast_equals_naive(case: tuple, heads: tuple[int, int]) -> None:
     assert (got - want).abs().max().item() < 1e-12
 
 
-@pytest.mark.skipif(problem() is not None, reason=f"CPU kernels: {problem()}")
-@pytest.mark.parametrize("case", CASES.values(), ids=list(CASES))
-@pytest.mark.parametrize("shape", [(14, 2, 64), (4, 1, 256), (2, 2, 128)], ids=str)
-def test_cpu_kernel_matches_the_reference_and_is_row_invariant(
-    case: tuple, shape: tuple[int, int, int]
-) -> None:
-    # float32 runs ops/cpu/attention.cpp: close to the float64 reference, and every row
-    # equals the same row computed alone (so batch composition cannot change it)
+def _kernel_case(case: tuple, shape: tuple[int, int, int]) -> tuple:
+    """float32 caches of 80 positions, the batch and its q."""
     slots, starts, lens, window = case
     H, hkv, D = shape
     g = torch.Generator().manual_seed(1)
@@ -51,16 +53,56 @@ def test_cpu_kernel_matches_the_reference_and_is_row_invariant(
     v_cache = torch.randn(3, 80, hkv, D, generator=g)
     batch = FlatBatch.build(slots, starts, lens, torch.device("cpu"))
     q = torch.randn(batch.num_tokens, H, D, generator=g) * 0.2
-    got = fast(q, k_cache, v_cache, batch, 0.125, window)
+    return q, k_cache, v_cache, batch, window
+
+
+@pytest.mark.skipif(problem() is not None, reason=f"CPU kernels: {problem()}")
+@pytest.mark.parametrize("case", [*CASES.values(), *LONG_CASES.values()], ids=[*CASES, *LONG_CASES])
+@pytest.mark.parametrize("shape", [(14, 2, 64), (4, 1, 256), (2, 2, 128)], ids=str)
+@pytest.mark.parametrize("threads", [1, 3])
+def test_cpu_kernel_matches_the_reference_and_is_row_invariant(
+    case: tuple, shape: tuple[int, int, int], threads: int, isa: str
+) -> None:
+    # float32 runs ops/cpu/attention.cpp: close to the float64 reference, and every row
+    # equals the same row computed alone (so batch composition cannot change it), on every
+    # instruction set and however many threads split the rows
+    q, k_cache, v_cache, batch, window = _kernel_case(case, shape)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = fast(q, k_cache, v_cache, batch, 0.125, window)
+    finally:
+        torch.set_num_threads(before)
     want = naive(q.double(), k_cache.double(), v_cache.double(), batch, 0.125, window)
     assert (got.double() - want).abs().max().item() < 2e-6
-    row = 0
-    for slot, start, n in zip(slots, starts, lens, strict=True):
-        for t in range(n):
-            one = FlatBatch.build([slot], [start + t], [1], torch.device("cpu"))
-            alone = fast(q[row : row + 1], k_cache, v_cache, one, 0.125, window)
-            assert torch.equal(alone, got[row : row + 1]), (slot, t)
-            row += 1
+    row_slots = [s for s, n in zip(batch.slots, batch.lens(), strict=True) for _ in range(n)]
+    for row, (slot, position) in enumerate(zip(row_slots, batch.positions.tolist(), strict=True)):
+        one = FlatBatch.build([slot], [position], [1], torch.device("cpu"))
+        alone = fast(q[row : row + 1], k_cache, v_cache, one, 0.125, window)
+        assert torch.equal(alone, got[row : row + 1]), (slot, position)
+
+
+@pytest.mark.skipif(len(kernel_isas()) < 2, reason="this CPU has only AVX2: one instruction set")
+@pytest.mark.parametrize("case", LONG_CASES.values(), ids=list(LONG_CASES))
+@pytest.mark.parametrize("shape", [(14, 2, 64), (4, 1, 256)], ids=str)
+def test_cpu_kernel_gives_the_same_bits_on_every_instruction_set(
+    case: tuple, shape: tuple[int, int, int]
+) -> None:
+    # 512-bit vectors change how many keys and heads one instruction serves, not any lane's
+    # chain of operations; the softmax is 256-bit code in both
+    from specserve.models.layers.lowbit import kernel_isa
+
+    args = _kernel_case(case, shape)
+    got = {}
+    try:
+        for name in kernel_isas():
+            kernel_isa(name)
+            got[name] = fast(*args[:4], 0.125, args[4])
+    finally:
+        kernel_isa("auto")
+    first = got.pop("avx2")
+    for name, out in got.items():
+        assert torch.equal(out, first), (name, (out - first).abs().max())
 
 
 @pytest.mark.skipif(problem() is not None, reason=f"CPU kernels: {problem()}")

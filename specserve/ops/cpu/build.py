@@ -1,12 +1,13 @@
-"""Build the CPU kernels (lowbit.cpp, lowbit_vnni.cpp, attention.cpp, pointwise.cpp, and
-block.cpp, which chains them into a decoder block) on first use and cache the library under
-~/.cache/specserve/ext.
+"""Build the CPU kernels (lowbit.cpp, lowbit_vnni.cpp, attention.cpp, attention_avx512.cpp,
+pointwise.cpp, and block.cpp, which chains them into a decoder block) on first use and cache
+the library under ~/.cache/specserve/ext.
 
 The kernels need AVX2 + FMA (and F16C, which every AVX2 CPU has) and a C++ compiler (gcc is on every
 machine this project targets). `load()` raises a SpecserveError that says which of the two is
 missing, so `--weights int8/int6/int5/int4/auto` fails with a reason instead of a stack trace;
-callers that can fall back ask `available()` first. lowbit_vnni.cpp is compiled for AVX-512 VNNI
-whatever the CPU (its own `#pragma GCC target`) and runs only where the CPU has it.
+callers that can fall back ask `available()` first. lowbit_vnni.cpp and attention_avx512.cpp are
+compiled for AVX-512 whatever the CPU (their own `#pragma GCC target`) and run only where the CPU
+has it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ SOURCES = [
         "lowbit.cpp",
         "lowbit_vnni.cpp",
         "attention.cpp",
+        "attention_avx512.cpp",
         "pointwise.cpp",
         "block.cpp",
     )

@@ -464,3 +464,5 @@ std::string lowbit_isa(const std::string& want) {
   }
   return isa().load() == VNNI ? "avx512vnni" : "avx2";
 }
+
+bool lowbit_wide() { return isa().load() == VNNI; }
