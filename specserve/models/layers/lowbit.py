@@ -31,6 +31,7 @@ GROUP = 32
 TILE = 8  # outputs per record: one float32 lane each in ops/cpu/lowbit.cpp
 STEP = 4  # inputs per integer step: a step holds 4 inputs of each of the tile's 8 outputs
 FIELD = TILE * 2  # bytes of a record's float16 field (8 scales, or 8 lows)
+Q8_SHIFT = 0x80  # q8 records hold q + 128 (q xor 0x80 as bytes): VNNI's unsigned operand
 
 
 def kernel_isa(want: str = "") -> str:
@@ -134,7 +135,7 @@ def int6_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 
 # The kernel's records (ops/cpu/lowbit.cpp): per tile of 8 outputs and block of 32 inputs,
 # stored [tile][block][record], N padded with zero outputs. A record's fields, in order:
-#   q8: scale[8] float16, weights[8 steps][8 outputs][4] int8                 272 bytes
+#   q8: scale[8] float16, weights + 128 [8 steps][8 outputs][4] uint8          272 bytes
 #   q4: scale[8], low[8] float16, then steps 2i and 2i+1 in the low and high nibbles of
 #       one [8 outputs][4] byte array each                                   160 bytes
 #   q5: scale[8] float16, q4's nibble arrays, then the fifth bits: bit j of byte i is
@@ -309,13 +310,16 @@ class Q8Linear(LowbitLinear):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.check_in_features(weight)
         q, scale = q8_blocks(weight)
-        records = torch.cat([*scale_fields(scale), as_bytes(steps(q))], dim=-1)
+        # q + 128 as unsigned bytes: the VNNI kernels' unsigned operand (the AVX2 ones undo it)
+        shifted = as_bytes(steps(q)) ^ Q8_SHIFT
+        records = torch.cat([*scale_fields(scale), shifted], dim=-1)
         super().__init__(records, weight.shape[0], weight.shape[1], bias)
 
     def blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(q [N, K] int8, scale [N, K/32]) back from the records, as q8_blocks gave them."""
         n, t, nb = self.out_features, *self.records.shape[:2]
-        q = unsteps(self.records[..., FIELD:].reshape(t, nb, GROUP // STEP, -1), n)
+        shifted = self.records[..., FIELD:].reshape(t, nb, GROUP // STEP, -1)
+        q = unsteps(shifted ^ Q8_SHIFT, n)
         return q.view(torch.int8).contiguous(), field_values(self.records, 0, n)
 
 

@@ -22,7 +22,7 @@
 // Memory layout (made by models/layers/lowbit.py): outputs in tiles of 8, one record per
 // tile and block, stored [tile][block][record] so that a thread walking its tiles reads one
 // sequential stream (at full bandwidth with a prefetch ahead):
-//   q8: half s[8]; int8 w[8 steps][8 outputs][4]                         272 bytes
+//   q8: half s[8]; w + 128 as uint8 [8 steps][8 outputs][4]               272 bytes
 //   q4: half s[8]; half low[8]; uint8 w[4][8][4]: step 2i in the low nibbles of
 //       array i, step 2i+1 in its high nibbles                            160 bytes
 //   q5: half s[8]; q4's nibble arrays; uint8 fifth[32]: bit j of byte i is step j's
@@ -69,19 +69,16 @@ namespace {
 
 using lowbit::SCALES;
 
-// x quantized per row in blocks of 32: x ~ d * q; `isum` = sum(q), for q5's offset, and
-// `sum` = d * sum(q), for q4's low term; `pairs`, q6's offset (q6_offsets); `u` = q + 128
-// for the VNNI q8 path. Buffers are per calling thread and reused, so a call allocates
-// nothing but y.
+// x quantized per row in blocks of 32: x ~ d * q; `isum` = sum(q), for q5's and VNNI q8's
+// offsets, and `sum` = d * sum(q), for q4's low term; `pairs`, q6's offset (q6_offsets).
+// Buffers are per calling thread and reused, so a call allocates nothing but y.
 struct QuantRows {
   std::vector<int8_t> q;
-  std::vector<uint8_t> u;
   std::vector<float> d, sum;
   std::vector<int32_t> isum, pairs;
   int64_t nblocks = 0;
   XRows view() const {
-    return XRows{q.data(),   u.empty() ? nullptr : u.data(), d.data(), sum.data(),
-                 isum.data(), pairs.data(),                   nblocks};
+    return XRows{q.data(), d.data(), sum.data(), isum.data(), pairs.data(), nblocks};
   }
 };
 
@@ -107,10 +104,10 @@ int32_t q6_offsets(const __m256i* q, int32_t* out) {
 }
 
 // One block of 32 inputs: d = max|v| / 127, q = round-to-nearest-even(v * 127 / max|v|) (as
-// llama.cpp's Q8_0), into q (and q + 128 into u where asked), with the block's sums. AVX2:
+// llama.cpp's Q8_0), into q, with the block's sums. AVX2:
 // the scalar loop (nearbyint per input) took ~1.5 ns an input, 60 us a call for 8 rows of
 // the 0.5B's down projection (4864 inputs) and ~2.6 ms of an 8-row forward.
-void quantize_block(const float* v, int8_t* q, uint8_t* u, float& d, float& sum, int32_t& isum,
+void quantize_block(const float* v, int8_t* q, float& d, float& sum, int32_t& isum,
                     int32_t* pairs) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 x[4], m = _mm256_setzero_ps();
@@ -131,29 +128,24 @@ void quantize_block(const float* v, int8_t* q, uint8_t* u, float& d, float& sum,
       _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3])),
       _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), b);
-  if (u)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(u), _mm256_xor_si256(b, _mm256_set1_epi8(-128)));
   isum = q6_offsets(qi, pairs);
   d = amax / 127.0f;
   sum = d * static_cast<float>(isum);
 }
 
-const QuantRows& quantize_rows(const torch::Tensor& x, bool with_u) {
+const QuantRows& quantize_rows(const torch::Tensor& x) {
   thread_local QuantRows r;
   const int64_t M = x.size(0), K = x.size(1), nb = K / BLOCK;
   r.q.resize(M * K), r.d.resize(M * nb), r.sum.resize(M * nb), r.isum.resize(M * nb);
   r.pairs.resize(2 * M * nb);
-  r.u.resize(with_u ? M * K : 0);
   r.nblocks = nb;
   const float* xp = x.data_ptr<float>();
   int8_t* qp = r.q.data();
-  uint8_t* up = with_u ? r.u.data() : nullptr;
   float *dp = r.d.data(), *sp = r.sum.data();
   int32_t *ip = r.isum.data(), *pp = r.pairs.data();
   at::parallel_for(0, M * nb, 256, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i)
-      quantize_block(xp + i * BLOCK, qp + i * BLOCK, up ? up + i * BLOCK : nullptr, dp[i], sp[i],
-                     ip[i], pp + 2 * i);
+      quantize_block(xp + i * BLOCK, qp + i * BLOCK, dp[i], sp[i], ip[i], pp + 2 * i);
   });
   return r;
 }
@@ -173,7 +165,9 @@ struct Q8 : lowbit::Q8Layout {
     const __m256i ones = _mm256_set1_epi16(1);
     for (int r = 0; r < R; ++r) d[r] = _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j) {
-      const __m256i w = load(rec + WEIGHTS + 32 * j), wabs = _mm256_sign_epi8(w, w);
+      // the records hold w + 128 (lowbit_vnni.cpp's operand): back to int8 w
+      const __m256i w = _mm256_xor_si256(load(rec + WEIGHTS + 32 * j), _mm256_set1_epi8(-128));
+      const __m256i wabs = _mm256_sign_epi8(w, w);
       for (int r = 0; r < R; ++r) {
         const __m256i xs = _mm256_sign_epi8(broadcast4(x.q + idx[r] * BLOCK, j), w);
         const __m256i p = _mm256_maddubs_epi16(wabs, xs);
@@ -250,9 +244,10 @@ struct Q5 : lowbit::Q5Layout {
     pair<1, R>(rec, plane, x, idx, s);
     pair<2, R>(rec, plane, x, idx, t);
     pair<3, R>(rec, plane, x, idx, t);
-    for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r) {  // q5's -16: dot - 16 sum(q_x), exact (|dot| < 2^24)
       d[r] = _mm256_add_epi32(_mm256_madd_epi16(s[r], ones), _mm256_madd_epi16(t[r], ones));
-    q5_offset<Y, R>(x, idx, d);
+      d[r] = _mm256_sub_epi32(d[r], _mm256_set1_epi32(offset * x.isum[idx[r]]));
+    }
   }
 };
 
@@ -370,7 +365,7 @@ void run(const torch::Tensor& x_in, const std::vector<Part>& parts, int64_t n_ou
          const float* bias) {
   const int64_t M = x_in.size(0), K = x_in.size(1);
   const bool vnni = isa().load() == VNNI;
-  const XRows x = quantize_rows(x_in, vnni).view();
+  const XRows x = quantize_rows(x_in).view();
   std::vector<int64_t> first{0};  // global tile index -> part: parts' tile ranges
   for (const Part& p : parts) first.push_back(first.back() + p.tiles);
   const int64_t group = vnni ? VNNI_ROWS : AVX2_ROWS;

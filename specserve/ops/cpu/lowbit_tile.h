@@ -38,10 +38,9 @@ constexpr int64_t PREFETCH = 8192;
 // x quantized per row in blocks of 32 (see quantize_rows in lowbit.cpp), as plain pointers.
 struct XRows {
   const int8_t* q;      // [M, K]: x ~ d * q
-  const uint8_t* u;     // q + 128 as unsigned bytes (the VNNI q8 path's operand), or null
   const float* d;       // [M, K/32]
   const float* sum;     // d * sum(q) per block: q4's low term
-  const int32_t* isum;  // sum(q) per block: q5's offset term
+  const int32_t* isum;  // sum(q) per block: q5's offset term (and VNNI q8's)
   const int32_t* pairs;  // [M, K/32, 2]: q6's offset per 16 inputs (q6_offsets)
   int64_t nblocks;
 };
@@ -185,13 +184,6 @@ LOWBIT_INLINE void q5_pair(const uint8_t* rec, int64_t stride, typename V::I pla
   nibble_pair<V>(rec + lowbit::Q5Layout::WEIGHTS, stride, I, lo, hi);
   lo = V::or_(lo, fifth<V, 2 * I>(plane));
   hi = V::or_(hi, fifth<V, 2 * I + 1>(plane));
-}
-
-// q5's -16: dot - 16 sum(q_x), exact (|dot| < 2^24)
-template <class V, int R>
-LOWBIT_INLINE void q5_offset(const XRows& x, const int64_t* idx, typename V::I* d) {
-  for (int r = 0; r < R; ++r)
-    d[r] = V::sub(d[r], V::lanes(lowbit::Q5Layout::offset * x.isum[idx[r]]));
 }
 
 // The top 2 bits of step 4h+J's bytes (bits 2J, 2J+1 of plane h) moved to bits 4-5.
