@@ -53,6 +53,7 @@
 // shared.
 
 #include <ATen/Parallel.h>
+#include <omp.h>
 #include <torch/extension.h>
 
 #include <algorithm>
@@ -75,19 +76,21 @@ using lowbit::SCALES;
 struct QuantRows {
   std::vector<int8_t> q;
   std::vector<float> d, sum;
-  std::vector<int32_t> isum, pairs;
-  int64_t nblocks = 0;
+  std::vector<int32_t> isum, pairs, halves;
+  int64_t nblocks = 0, rows = 0;
   XRows view() const {
-    return XRows{q.data(), d.data(), sum.data(), isum.data(), pairs.data(), nblocks};
+    return XRows{q.data(),     d.data(),      sum.data(), isum.data(),
+                 pairs.data(), halves.data(), nblocks,    rows};
   }
 };
 
-// q6's offset for one block of q, from its 32 values as four int32 vectors (inputs 0-7, 8-15,
-// 16-23, 24-31): per half h (16 inputs, steps 4h..4h+3), 32 times the sums of the inputs each
-// 16-bit lane of a step's maddubs meets (even lanes: inputs 4s, 4s+1; odd: 4s+2, 4s+3), as two
-// int16 in one int32. The q6 dots multiply unsigned q (0..63) and take these off, which is the
+// q6's offsets for one block of q, from its 32 values as four int32 vectors (inputs 0-7, 8-15,
+// 16-23, 24-31): per half h (16 inputs, steps 4h..4h+3), AVX2's `pairs`: 32 times the sums of
+// the inputs each 16-bit lane of a step's maddubs meets (even lanes: inputs 4s, 4s+1; odd:
+// 4s+2, 4s+3), as two int16 in one int32; VNNI's `halves`: -32 times the half's sum, where its
+// chain starts. The q6 dots multiply unsigned q (0..63) and take these off, which is the
 // product with q - 32 (|32 * sum| <= 32 * 8 * 127 fits 16 bits). Returns sum(q).
-int32_t q6_offsets(const __m256i* q, int32_t* out) {
+int32_t q6_offsets(const __m256i* q, int32_t* out, int32_t* halves) {
   int32_t total = 0;
   for (int h = 0; h < 2; ++h) {
     // lane j: inputs j and j + 8 of the half, then lanes j and j + 4 added: j % 4 is what a
@@ -98,6 +101,7 @@ int32_t q6_offsets(const __m256i* q, int32_t* out) {
     const int odd = _mm_extract_epi32(f, 2) + _mm_extract_epi32(f, 3);
     const uint32_t lo = static_cast<uint16_t>(32 * even), hi = static_cast<uint16_t>(32 * odd);
     out[h] = static_cast<int32_t>(lo | (hi << 16));
+    halves[h] = -32 * (even + odd);
     total += even + odd;
   }
   return total;
@@ -108,7 +112,7 @@ int32_t q6_offsets(const __m256i* q, int32_t* out) {
 // the scalar loop (nearbyint per input) took ~1.5 ns an input, 60 us a call for 8 rows of
 // the 0.5B's down projection (4864 inputs) and ~2.6 ms of an 8-row forward.
 void quantize_block(const float* v, int8_t* q, float& d, float& sum, int32_t& isum,
-                    int32_t* pairs) {
+                    int32_t* pairs, int32_t* halves) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 x[4], m = _mm256_setzero_ps();
   for (int i = 0; i < 4; ++i) {
@@ -128,26 +132,30 @@ void quantize_block(const float* v, int8_t* q, float& d, float& sum, int32_t& is
       _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3])),
       _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), b);
-  isum = q6_offsets(qi, pairs);
+  isum = q6_offsets(qi, pairs, halves);
   d = amax / 127.0f;
   sum = d * static_cast<float>(isum);
 }
 
-const QuantRows& quantize_rows(const torch::Tensor& x) {
+// The calling thread's buffers, sized for x [M, K] (reused: a call allocates nothing but y).
+QuantRows& rows_for(int64_t M, int64_t K) {
   thread_local QuantRows r;
-  const int64_t M = x.size(0), K = x.size(1), nb = K / BLOCK;
+  const int64_t nb = K / BLOCK;
   r.q.resize(M * K), r.d.resize(M * nb), r.sum.resize(M * nb), r.isum.resize(M * nb);
-  r.pairs.resize(2 * M * nb);
-  r.nblocks = nb;
-  const float* xp = x.data_ptr<float>();
-  int8_t* qp = r.q.data();
-  float *dp = r.d.data(), *sp = r.sum.data();
-  int32_t *ip = r.isum.data(), *pp = r.pairs.data();
-  at::parallel_for(0, M * nb, 256, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i)
-      quantize_block(xp + i * BLOCK, qp + i * BLOCK, dp[i], sp[i], ip[i], pp + 2 * i);
-  });
+  r.pairs.resize(2 * M * nb), r.halves.resize(2 * M * nb);
+  r.nblocks = nb, r.rows = M;
   return r;
+}
+
+// Blocks i0 .. i1 - 1 of x [M, K], in x's order (row m's block b is i = m * nb + b),
+// quantized into r, block-major (XRows)
+void quantize_range(const float* x, QuantRows& r, int64_t i0, int64_t i1) {
+  const int64_t nb = r.nblocks, M = r.rows;
+  for (int64_t i = i0; i < i1; ++i) {
+    const int64_t m = i / nb, b = i % nb, o = b * M + m;
+    quantize_block(x + i * BLOCK, r.q.data() + o * BLOCK, r.d[o], r.sum[o], r.isum[o],
+                   r.pairs.data() + 2 * o, r.halves.data() + 2 * o);
+  }
 }
 
 // AVX2's block dots: maddubs multiplies 32 unsigned by 32 signed bytes and adds pairs into
@@ -360,33 +368,62 @@ void tile_rows(bool vnni, const Part& p, int64_t t, int tiles, const XRows& x, i
   kind_rows<AVX2_ROWS, Y, Q8, Q4, Q5, Q6, Q4K>(p.kind, rec, 0, x, m0, m1, n0, n_out, y, bias, 1);
 }
 
-// y = x @ [W_0; W_1; ...]^T + bias for a whole call: quantize x's rows, then walk the tiles.
+// Tiles t0 .. t1 - 1 of the call's matrices (`first`: each part's first tile) for every row
+// of x, in row chunks, each weight read from memory once per chunk
+void walk(bool vnni, const std::vector<Part>& parts, const std::vector<int64_t>& first,
+          const XRows& x, int64_t t0, int64_t t1, int64_t n_out, float* yp, const float* bias) {
+  const int64_t M = x.rows, K = x.nblocks * BLOCK;
+  const int64_t group = vnni ? VNNI_ROWS : AVX2_ROWS;
+  const bool pairs = vnni && M >= PAIR_ROWS;
+  const int64_t chunk = std::max<int64_t>(group, CHUNK_BYTES / K / group * group);
+  for (int64_t mc = 0; mc < M; mc += chunk) {
+    const int64_t me = std::min(M, mc + chunk);
+    size_t p = std::upper_bound(first.begin(), first.end(), t0) - first.begin() - 1;
+    for (int64_t t = t0; t < t1; ++t) {
+      while (t >= first[p + 1]) ++p;
+      // VNNI's 512-bit vectors take two tiles of the same part at once
+      const int tiles = pairs && t + 1 < t1 && t + 1 < first[p + 1] ? 2 : 1;
+      tile_rows(vnni, parts[p], t - first[p], tiles, x, mc, me, n_out, yp, bias);
+      t += tiles - 1;
+    }
+  }
+}
+
+// x's blocks quantized per thread of the region from this many up (fewer: by the first
+// thread alone, while the others wait at the barrier)
+constexpr int64_t SPLIT_BLOCKS = 64;
+
+// y = x @ [W_0; W_1; ...]^T + bias for a whole call, in one parallel region: each thread
+// quantizes its share of x's blocks, then (after a barrier) walks its share of the tiles.
+// (x's quantization was a region of its own, or serial below 256 blocks: 8 rows of a
+// 896-input projection, 224 blocks, ran on one thread while the other spun.) Tiles are split
+// as at::parallel_for splits them, into contiguous runs, so each thread reads one stream.
 void run(const torch::Tensor& x_in, const std::vector<Part>& parts, int64_t n_out, float* yp,
          const float* bias) {
   const int64_t M = x_in.size(0), K = x_in.size(1);
   const bool vnni = isa().load() == VNNI;
-  const XRows x = quantize_rows(x_in).view();
+  QuantRows& rows = rows_for(M, K);
+  const XRows x = rows.view();
   std::vector<int64_t> first{0};  // global tile index -> part: parts' tile ranges
   for (const Part& p : parts) first.push_back(first.back() + p.tiles);
-  const int64_t group = vnni ? VNNI_ROWS : AVX2_ROWS;
-  const bool pairs = vnni && M >= PAIR_ROWS;
-  const int64_t chunk = std::max<int64_t>(group, CHUNK_BYTES / K / group * group);
-  // about 64K weights per task: small matrices stay on one thread
+  const int64_t tiles = first.back(), blocks = M * x.nblocks;
+  // about 64K weights per thread at least: small matrices stay on one thread
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / (K * TILE));
-  // tiles split across threads, so each weight is read from memory once per row chunk
-  at::parallel_for(0, first.back(), grain, [&](int64_t t0, int64_t t1) {
-    for (int64_t mc = 0; mc < M; mc += chunk) {
-      const int64_t me = std::min(M, mc + chunk);
-      size_t p = std::upper_bound(first.begin(), first.end(), t0) - first.begin() - 1;
-      for (int64_t t = t0; t < t1; ++t) {
-        while (t >= first[p + 1]) ++p;
-        // VNNI's 512-bit vectors take two tiles of the same part at once
-        const int tiles = pairs && t + 1 < t1 && t + 1 < first[p + 1] ? 2 : 1;
-        tile_rows(vnni, parts[p], t - first[p], tiles, x, mc, me, n_out, yp, bias);
-        t += tiles - 1;
-      }
+  const int64_t want = std::min<int64_t>(at::get_num_threads(), (tiles + grain - 1) / grain);
+  const float* xp = x_in.data_ptr<float>();
+  auto share = [&](int64_t tid, int64_t team) {
+    const int64_t quantizers = blocks >= SPLIT_BLOCKS ? team : 1;
+    if (tid < quantizers)
+      quantize_range(xp, rows, blocks * tid / quantizers, blocks * (tid + 1) / quantizers);
+    if (team > 1) {
+#pragma omp barrier
     }
-  });
+    const int64_t per = (tiles + team - 1) / team, t0 = tid * per;
+    if (t0 < tiles) walk(vnni, parts, first, x, t0, std::min(tiles, t0 + per), n_out, yp, bias);
+  };
+  if (want <= 1 || omp_in_parallel()) return share(0, 1);
+#pragma omp parallel num_threads(want)
+  share(omp_get_thread_num(), omp_get_num_threads());
 }
 
 void check_args(const torch::Tensor& x, int64_t n_out, const c10::optional<torch::Tensor>& bias,

@@ -238,10 +238,9 @@ struct Q6 : lowbit::Q6Layout {
     add_pair<V, R>(V::or_(lo, top2<V, 2>(plane)), V::or_(hi, top2<V, 3>(plane)), x, idx,
                 2 * H + 1, s, s);
   }
-  // -32 * x's sum over half h's 16 inputs: the two int16 of q6_offsets' pair, added
+  // -32 * x's sum over half h's 16 inputs
   static LOWBIT_INLINE I offset(const XRows& x, int64_t i, int h) {
-    const int32_t p = x.pairs[2 * i + h];
-    return V::lanes(-(static_cast<int16_t>(p & 0xFFFF) + static_cast<int16_t>(p >> 16)));
+    return V::lanes(x.halves[2 * i + h]);
   }
   template <int R>
   static LOWBIT_INLINE void dots(const uint8_t* rec, int64_t stride, const XRows& x,
