@@ -35,7 +35,7 @@ constexpr int64_t SCALES = TILE * 2;  // bytes of one float16 field of a record
 // one row took 9.3-9.5 ms on a Zen 5, at 4.6-9.2 KB 7.8-8.0 (interleaved runs, 2 threads).
 constexpr int64_t PREFETCH = 8192;
 
-// x quantized per row in blocks of 32 (see quantize_rows in lowbit.cpp), as plain pointers.
+// x quantized per row in blocks of 32 (quantize_range in lowbit.cpp), as plain pointers.
 // Block-major: block b of row m is entry b * rows + m of every array (`at`), so a group's
 // rows of one block sit side by side and the walk reaches them from one pointer at fixed
 // offsets; row-major, each row took a register of its own, and g++ spilled the rest (q6 at
@@ -245,10 +245,10 @@ struct Ahead {
   // prefetch `bytes` at the look-ahead (in both tiles), then move it `step` bytes on. A lone
   // tile (1-3 rows: bound by memory) prefetches into L1; two tiles (4 rows up: bound by the
   // multiplies) into L2 only: two streams 8 KB ahead are half of a Zen 4's 32 KB L1, and
-  // lines left it before their turn (so it seems). On a Zen 4, the 0.5B's LM head (q8, 151936 x 896) at 8
-  // rows took 8.1 against 12.0 ms, its q5 gate/up 0.44 against 0.54, its q6 down 0.23
-  // against 0.28 (interleaved A/B, 2 threads); one row into L2 was slower (the head 5.6
-  // against 4.5 ms).
+  // lines left it before their turn (so it seems). On a Zen 4, 8 rows of the 0.5B's LM head
+  // (q8, 151936 x 896) took 8.1 against 12.0 ms, its q5 gate/up 0.44 against 0.54, its q6
+  // down 0.23 against 0.28 (interleaved A/B, 2 threads); one row into L2 was slower (the
+  // head 5.6 against 4.5 ms).
   LOWBIT_INLINE void next(int64_t bytes, int64_t step) {
     for (int64_t off = 0; off < bytes; off += 64) {
       if constexpr (V::TILES == 1) {

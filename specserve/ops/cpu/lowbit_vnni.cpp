@@ -37,8 +37,6 @@ constexpr int ROWS = 8;  // 32 registers: 8 rows' accumulators and dots stay in 
 struct YV : Y {
   static LOWBIT_INLINE I dpbusd(I acc, I u, I s) { return _mm256_dpbusd_epi32(acc, u, s); }
   static LOWBIT_INLINE I mullo(I a, I b) { return _mm256_mullo_epi32(a, b); }
-  template <int N>
-  static LOWBIT_INLINE I shl32(I a) { return _mm256_slli_epi32(a, N); }
 };
 
 // 512-bit vectors: two tiles side by side, the second's fields `stride` bytes after the
@@ -84,8 +82,6 @@ struct Z {
   static LOWBIT_INLINE void store(float* out, F a) { _mm512_storeu_ps(out, a); }
   static LOWBIT_INLINE I dpbusd(I acc, I u, I s) { return _mm512_dpbusd_epi32(acc, u, s); }
   static LOWBIT_INLINE I mullo(I a, I b) { return _mm512_mullo_epi32(a, b); }
-  template <int N>
-  static LOWBIT_INLINE I shl32(I a) { return _mm512_slli_epi32(a, N); }
 };
 
 // A block's dots are a chain of 8 vpdpbusd per row (latency ~4 cycles each). With one row
