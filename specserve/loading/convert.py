@@ -22,7 +22,7 @@ from specserve.errors import SpecserveError
 from specserve.loading.q4k import q4k_fields
 from specserve.loading.q6k import q6k_groups
 from specserve.models.layers.embedding import QuantizedTable
-from specserve.models.layers.lowbit import TILE, LowbitLinear, Q4KLinear, Q6Linear
+from specserve.models.layers.lowbit import TILE, LowbitLinear, Q4KLinear, Q6KLinear
 from specserve.models.layers.quant import quantize_weight
 
 # GGUF types whose blocks become low-bit records as they are, without a float32 round trip,
@@ -64,14 +64,14 @@ def quantize_rows(
 def _layer(
     weight: Weight, start: int, stop: int, bias: torch.Tensor | None, mode: str, lowbit: bool
 ) -> nn.Module:
-    """The quantized module of rows start..stop-1. Q4_K and Q6_K blocks become our q4k and q6
+    """The quantized module of rows start..stop-1. Q4_K and Q6_K blocks become our q4k and q6k
     records as they are (loading/q4k.py, q6k.py: the file's own values, nothing rounded);
     every other weight is quantized from its float32 values."""
     table = weight if isinstance(weight, QuantizedTable) else None
     if lowbit and table is not None and NATIVE_TYPES.get(table.gguf_type) == mode:
         rows = table.data[start:stop]
         if table.gguf_type == "Q6_K":
-            return Q6Linear.from_groups(*q6k_groups(rows, table.cols), bias)
+            return Q6KLinear.from_groups(*q6k_groups(rows, table.cols), bias)
         return Q4KLinear.from_fields(*q4k_fields(rows, table.cols), bias)
     return quantize_weight(_rows(weight, start, stop), bias, mode, lowbit)
 

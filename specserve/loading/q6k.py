@@ -2,9 +2,10 @@
 
 Q6_K holds 256 weights per super-block: the low 4 bits of each 6-bit value q (128 bytes),
 their top 2 bits (64 bytes), an int8 scale sc per 16 weights (16 bytes) and a float16 d:
-w = d * sc * (q - 32). Our q6 record keeps q and sc as they are and d per block of 32 (the
-super-block's, repeated), so the weights are the file's own, bit for bit. On q8, where these
-tensors ran before, they took 1.0625 bytes per weight and a requantization; q6 takes 0.875.
+w = d * sc * (q - 32). Our q6k record keeps q, sc and d as they are (d once per 256 inputs,
+models/layers/lowbit.py Q6KLinear), so the weights are the file's own, bit for bit. On q8,
+where these tensors ran before, they took 1.0625 bytes per weight and a requantization; q6
+(d repeated per block of 32) 0.875; q6k takes 0.820, Q6_K's own figure.
 
 The layout follows ggml's block_q6_K (ggml-common.h) and its dequantize_row_q6_K.
 """

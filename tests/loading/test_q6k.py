@@ -1,4 +1,4 @@
-"""GGUF Q6_K blocks become q6 records as they are: the same 6-bit values, sub-scales and d,
+"""GGUF Q6_K blocks become q6k records as they are: the same 6-bit values, sub-scales and d,
 nothing rounded, no float32 round trip."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from gguf.quants import dequantize
 
 from specserve.loading.model import load_model
 from specserve.loading.q6k import q6k_groups
-from specserve.models.layers.lowbit import FusedLowbit, Q6Linear
+from specserve.models.layers.lowbit import FusedLowbit, Q6KLinear
 from specserve.ops.cpu.build import problem
 from tests.loading.test_q4k import _file_floats, computes_with
 from tests.tiny import make_hf_model
@@ -53,7 +53,7 @@ def test_q6k_groups_are_the_ggufs_own_values() -> None:
 def test_the_records_hold_the_blocks_unrounded() -> None:
     data = _rows(rows=20, seed=3)  # 20 outputs: a padded last tile
     groups = q6k_groups(data, 512)
-    layer = Q6Linear.from_groups(*groups, None)
+    layer = Q6KLinear.from_groups(*groups, None)
     for got, want in zip(layer.blocks(), groups, strict=True):
         assert torch.equal(got, want)
     computes_with(layer, _gguf_floats(data).view(20, 512))
@@ -73,6 +73,6 @@ def test_q6_k_linears_load_as_their_own_blocks(arch: str, tmp_path: Path) -> Non
     for name, layer, ref in zip(names, got, dequant, strict=True):
         want = _file_floats(path, name, arch, hf.config.num_attention_heads)
         assert torch.equal(ref.weight.detach(), want)  # the float path, blocks streamed
-        assert isinstance(layer, Q6Linear), name  # float32 neighbours: not fused
+        assert isinstance(layer, Q6KLinear), name  # float32 neighbours: not fused
         assert torch.equal(_values(*layer.blocks()), want), name  # the file's own weights
     assert not any(isinstance(m, FusedLowbit) for m in native.layers[0].attn.modules())

@@ -11,6 +11,7 @@ from specserve.models.layers.lowbit import (
     Q4KLinear,
     Q4Linear,
     Q5Linear,
+    Q6KLinear,
     Q6Linear,
     Q8Linear,
     int6_groups,
@@ -197,10 +198,8 @@ def test_leading_dims_dtype_and_bad_shapes() -> None:
         Q8Linear(torch.randn(4, 40), None)
     with pytest.raises(RuntimeError, match=r"records must be uint8 \[ceil\(N/8\), K/32, 272\]"):
         layer.kernels.lowbit_linear(torch.randn(2, 64), [layer.records], [0], [70], None, None)
-    with pytest.raises(
-        RuntimeError, match=r"kind must be 0 \(q8\), 1 \(q4\), 2 \(q5\), 3 \(q6\), 4 \(q4k\)"
-    ):
-        layer.kernels.lowbit_linear(x, [layer.records], [5], [70], None, None)
+    with pytest.raises(RuntimeError, match=r"kind must be 0 \(q8\), .* 4 \(q4k\), 5 \(q6k\)"):
+        layer.kernels.lowbit_linear(x, [layer.records], [6], [70], None, None)
     # a part that ends mid-tile would write into the next part's outputs
     with pytest.raises(RuntimeError, match="only the last part may end mid-tile"):
         layer.kernels.lowbit_linear(x, [layer.records] * 2, [0, 0], [70, 70], None, None)
@@ -386,9 +385,53 @@ def test_q4k_fuses_with_other_kinds() -> None:
 
     attn = nn.Module()
     attn.q, attn.k = _q4k_layer(64, 256, seed=3), _q4k_layer(16, 256, seed=4, bias=False)
-    attn.v = Q6Linear(torch.randn(16, 256, generator=torch.Generator().manual_seed(5)), None)
+    attn.v = Q6KLinear.from_groups(*_q6k_groups(16, 256, seed=5), None)
     x = torch.randn(5, 256, generator=torch.Generator().manual_seed(6))
     before = [attn.q(x), attn.k(x), attn.v(x)]
     assert fuse_lowbit(attn) == 1
     for got, want in zip([attn.q(x), attn.k(x), attn.v(x)], before, strict=True):
         assert torch.equal(got, want)
+
+
+def _q6k_groups(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random GGUF Q6_K values: q 0..63, int8 sc per 16 (either sign), d one float16 value
+    per 256 inputs, repeated per block of 32 (as loading/q6k.py gives them)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 64, (n, k), generator=g, dtype=torch.int32)
+    sc = torch.randint(-128, 128, (n, k // 16), generator=g).to(torch.int8)
+    d = (torch.rand(n, k // 256, 1, generator=g) * 1e-3).half().float()
+    return q, d.expand(-1, -1, 256 // GROUP).reshape(n, k // GROUP), sc
+
+
+def test_q6k_records_hold_the_values_in_fewer_bytes() -> None:
+    groups = _q6k_groups(70, 1024, seed=7)
+    layer, q6 = Q6KLinear.from_groups(*groups, None), Q6Linear.from_groups(*groups, None)
+    assert layer.records.shape == (9, 4, 1680)  # d once per 256 inputs: 0.820 bytes a weight
+    assert layer.records.numel() / q6.records.numel() == 1680 / (8 * 224)
+    for got, want in zip(layer.blocks(), groups, strict=True):
+        assert torch.equal(got, want)
+    q, d, sc = groups
+    d = d.clone()
+    d[0, 1] *= 2  # a block of 32 whose d is not its super-block's
+    with pytest.raises(ValueError, match="one value per 256 inputs"):
+        Q6KLinear.from_groups(q, d, sc, None)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_q6k_gives_q6s_bits_at_every_row_count(threads: int, isa: str) -> None:
+    # the same q6 steps with the super-block's d: every row, alone or in any group, the bits
+    # of q6 (whose arithmetic test_kernel_computes_the_quantized_arithmetic checks)
+    groups = _q6k_groups(70, 1024, seed=8)
+    bias = torch.randn(70, generator=torch.Generator().manual_seed(9))
+    layer, q6 = Q6KLinear.from_groups(*groups, bias), Q6Linear.from_groups(*groups, bias)
+    x = torch.randn(37, 1024, generator=torch.Generator().manual_seed(10))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        full = q6(x)
+        assert torch.equal(layer(x), full)
+        for m in (1, 2, 3, 4, 5, 7, 8, 9, 16):
+            for start in (0, 1, 37 - m):
+                assert torch.equal(layer(x[start : start + m]), full[start : start + m]), (m, start)
+    finally:
+        torch.set_num_threads(before)

@@ -144,6 +144,8 @@ def int6_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 #       4 bits, then bit_planes of the top 2 bits                            224 bytes
 #   q4k: per tile and 256 inputs (8 blocks): d[8], dmin[8] float16, sc[8 blocks][8] and
 #       m[8 blocks][8] uint8, then each block's q4 nibble arrays              1184 bytes
+#   q6k: per tile and 256 inputs: d[8] float16, then each block's q6 record less its d
+#                                                                            1680 bytes
 
 
 def tiled(t: torch.Tensor) -> torch.Tensor:
@@ -391,13 +393,52 @@ class Q6Linear(LowbitLinear):
 
     def blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(q [N, K] int32, d [N, K/32], sc [N, K/16] int8) back from the records."""
-        n, r = self.out_features, self.records
+        return q6_blocks(self.records, self.out_features)
+
+
+def q6_blocks(r: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q [N, K] int32, d [N, K/32], sc [N, K/16] int8) of q6 records r."""
+    t, nb = r.shape[:2]
+    sub = r[..., FIELD : 2 * FIELD].contiguous().view(torch.int8).view(t, nb, 2, TILE)
+    sc = untiled(sub.transpose(2, 3), n).reshape(n, -1)
+    low = nibbles_from_steps(r[..., 2 * FIELD : -2 * GROUP], n)
+    q = low + 16 * bits_from_planes(r[..., -2 * GROUP :], n, 2)
+    return q.to(torch.int32), field_values(r, 0, n), sc.contiguous()
+
+
+class Q6KLinear(LowbitLinear):
+    """GGUF Q6_K's own layout: q6's values with d once per 256 inputs, as the file stores it.
+    A record holds 8 outputs x 256 inputs: d[8] float16, then each block's q6 record less its
+    d. 0.820 bytes per weight (q6, d per block of 32: 0.875); the same bits as q6 (the kernel
+    runs q6's steps with the super-block's d)."""
+
+    KIND = 5
+    BLOCKS = SUPER // GROUP  # blocks a record covers
+
+    @classmethod
+    def from_groups(
+        cls, q: torch.Tensor, d: torch.Tensor, sc: torch.Tensor, bias: torch.Tensor | None
+    ) -> Q6KLinear:
+        """A layer of GGUF Q6_K's values (loading/q6k.py q6k_groups): d [N, K/32] must be one
+        float16 value per 256 inputs, repeated (as q6k_groups gives it)."""
+        n, k = q.shape
+        per_super = d.view(n, k // SUPER, cls.BLOCKS)
+        if not torch.equal(per_super, per_super[..., :1].expand_as(per_super)):
+            raise ValueError("q6k: d must be one value per 256 inputs")
+        r = Q6Linear.records_of(q, half_values(d), sc)
         t, nb = r.shape[:2]
-        sub = r[..., FIELD : 2 * FIELD].contiguous().view(torch.int8).view(t, nb, 2, TILE)
-        sc = untiled(sub.transpose(2, 3), n).reshape(n, -1)
-        low = nibbles_from_steps(r[..., 2 * FIELD : -2 * GROUP], n)
-        q = low + 16 * bits_from_planes(r[..., -2 * GROUP :], n, 2)
-        return q.to(torch.int32), field_values(r, 0, n), sc.contiguous()
+        r = r.view(t, nb // cls.BLOCKS, cls.BLOCKS, -1)
+        records = torch.cat([r[:, :, 0, :FIELD], r[..., FIELD:].flatten(2)], dim=-1)
+        return cast(Q6KLinear, cls.from_records(records, n, k, bias))
+
+    def blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q [N, K] int32, d [N, K/32], sc [N, K/16] int8) back from the records."""
+        r = self.records
+        t, supers = r.shape[:2]
+        d = r[..., None, :FIELD].expand(t, supers, self.BLOCKS, FIELD)
+        rest = r[..., FIELD:].view(t, supers, self.BLOCKS, -1)
+        q6 = torch.cat([d, rest], dim=-1).view(t, supers * self.BLOCKS, -1)
+        return q6_blocks(q6, self.out_features)
 
 
 class Q4KLinear(LowbitLinear):

@@ -7,6 +7,7 @@
 //   q6: W = d * sc * (q - 32), q 0..63, an int8 sc per 16 inputs (GGUF Q6_K's own values)
 //   q4k: W = d * sc * q - dmin * m, q 0..15, 6-bit sc and m per block, d and dmin per 256
 //       inputs (GGUF Q4_K's own values)
+//   q6k: q6 with d per 256 inputs (GGUF Q6_K's own layout)
 //
 // Why a kernel of our own: one decode step reads every weight once, so its time is weight
 // bytes / memory bandwidth. torch's float32 path reads 4 bytes per weight; its int8/int4 CPU
@@ -32,6 +33,8 @@
 //       of step 4h+j's byte i                                             224 bytes
 //   q4k: one record per 8 outputs x 256 inputs (8 blocks): half d[8], dmin[8]; uint8
 //       sc[8 blocks][8], m[8 blocks][8]; each block's q4 nibble arrays   1184 bytes
+//   q6k: one record per 8 outputs x 256 inputs: half d[8]; each block's q6 record
+//       less its d                                                       1680 bytes
 // A step is 4 consecutive inputs of each of the 8 outputs: one 256-bit vector whose 32-bit
 // lane o is output o. Multiplied by x's 4 bytes broadcast to every lane, maddubs + madd
 // leave output o's 4-input dot in lane o, so the 8 outputs' block dots add up vertically in
@@ -342,21 +345,21 @@ constexpr int64_t PAIR_ROWS = 4;
 // walks its tiles (a tile's records are read once per chunk)
 constexpr int64_t CHUNK_BYTES = 256 * 1024;
 
-// One weight matrix of a call: its kind (0 q8, 1 q4, 2 q5, 3 q6, 4 q4k), records and outputs. A
-// call may run several that read the same x (q/k/v, gate/up) side by side, of different kinds: x is
-// quantized once and all their tiles share one parallel region.
+// One weight matrix of a call: its kind (0 q8, 1 q4, 2 q5, 3 q6, 4 q4k, 5 q6k), records and
+// outputs. A call may run several that read the same x (q/k/v, gate/up) side by side, of
+// different kinds: x is quantized once and all their tiles share one parallel region.
 struct Part {
   int64_t kind;
   const uint8_t* base;
   int64_t tiles, tile_bytes, n0;  // n0: its first output column in y
 };
 
-constexpr int64_t KINDS = 5;
-constexpr int64_t RECORD_BYTES[KINDS] = {Q8::RECORD, Q4::RECORD, Q5::RECORD, Q6::RECORD,
-                                         Q4K::RECORD};
-// inputs one record covers: a block of 32, or q4k's super-block of 256
-constexpr int64_t RECORD_INPUTS[KINDS] = {Q8::INPUTS, Q4::INPUTS, Q5::INPUTS, Q6::INPUTS,
-                                          Q4K::INPUTS};
+constexpr int64_t KINDS = 6;
+constexpr int64_t RECORD_BYTES[KINDS] = {Q8::RECORD, Q4::RECORD,  Q5::RECORD,
+                                         Q6::RECORD, Q4K::RECORD, lowbit::Q6K<Q6>::RECORD};
+// inputs one record covers: a block of 32, or q4k's and q6k's super-block of 256
+constexpr int64_t RECORD_INPUTS[KINDS] = {Q8::INPUTS, Q4::INPUTS,  Q5::INPUTS,
+                                          Q6::INPUTS, Q4K::INPUTS, lowbit::Q6K<Q6>::INPUTS};
 
 // Tiles t and, where `tiles` is 2, t + 1 of part p (AVX2 runs one at a time)
 void tile_rows(bool vnni, const Part& p, int64_t t, int tiles, const XRows& x, int64_t m0,
@@ -449,7 +452,7 @@ void check_args(const torch::Tensor& x, int64_t n_out, const c10::optional<torch
 Part make_part(const torch::Tensor& records, int64_t kind, int64_t n, int64_t n0, bool last,
                int64_t K) {
   TORCH_CHECK(kind >= 0 && kind < KINDS,
-              "lowbit linear: kind must be 0 (q8), 1 (q4), 2 (q5), 3 (q6), 4 (q4k)");
+              "lowbit linear: kind must be 0 (q8), 1 (q4), 2 (q5), 3 (q6), 4 (q4k), 5 (q6k)");
   const int64_t bytes = RECORD_BYTES[kind], inputs = RECORD_INPUTS[kind];
   TORCH_CHECK(records.scalar_type() == torch::kUInt8 && records.is_contiguous() &&
                   records.dim() == 3 && records.size(0) * TILE >= n &&
