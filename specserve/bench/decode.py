@@ -6,7 +6,8 @@
 Speculative decoding pays when verifying k drafted tokens costs about one decode step; the
 `k=N` columns show that ratio (time of one forward over N new tokens / time over 1).
 `--llama-bench PATH` adds llama.cpp's figures on the same GGUF files, measured in the same
-run (bench/llama_cpp.py).
+run (bench/llama_cpp.py); with `--paired-rounds N` both decode in turn, N rounds of one pass
+each, and the per-round ratio is printed (the rows alone are minutes apart).
 """
 
 from __future__ import annotations
@@ -55,6 +56,15 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="also run llama.cpp's llama-bench at PATH on each model's GGUF file (same "
         "threads, prompt, decode and k columns) and print it as a `llama.cpp` row",
     )
+    p.add_argument(
+        "--paired-rounds",
+        type=positive,
+        default=None,
+        metavar="N",
+        help="with --llama-bench: also time N rounds of one decode pass of ours and one of "
+        "llama.cpp's, back to back (alternating which goes first), and print the per-round "
+        "ratio: both sides in the same minute of a VM whose memory speed drifts",
+    )
 
 
 def _timed(fn) -> float:  # noqa: ANN001
@@ -66,8 +76,7 @@ def _timed(fn) -> float:  # noqa: ANN001
 def measure(runner: ModelRunner, prompt_len: int, decode_len: int, repeats: int) -> dict:
     """One model: prefill tok/s, greedy decode tok/s and k-token forward cost ratios, each from
     the median of `repeats` timings."""
-    g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, runner.vocab_size, (prompt_len,), generator=g).tolist()
+    prompt = bench_prompt(runner, prompt_len)
     mem = runner.memory
     # logits into one reused buffer, as the engine's steps write them: a new [k, vocab]
     # tensor per forward was page-faulted in each time (clear_page took ~9 % of a profiled
@@ -80,19 +89,12 @@ def measure(runner: ModelRunner, prompt_len: int, decode_len: int, repeats: int)
         prefills.append(_timed(lambda: runner.prefill(0, prompt)))
     t_prefill = statistics.median(prefills)
 
-    def decode(last: int) -> None:
-        for _ in range(decode_len):
-            (lg,) = runner.forward([SlotInput(0, [last])])
-            last = int(lg[-1].argmax())
-
     # the median of `repeats` passes from the same context, as llama-bench takes its median
     # repetition: one pass of a few seconds on a shared VM can land in a slow minute
     start = mem.length(0)
-    passes = []
-    for _ in range(repeats):
-        mem.commit(0, start)
-        passes.append(_timed(lambda: decode(prompt[-1])))
-    t_decode = statistics.median(passes)
+    t_decode = statistics.median(
+        decode_pass(runner, start, prompt[-1], decode_len) for _ in range(repeats)
+    )
     base = mem.length(0)
     times: dict[int, list[float]] = {k: [] for k in KS}
     # rounds over every k (every other one reversed), not each k's timings in a row: on a VM
@@ -114,9 +116,30 @@ def measure(runner: ModelRunner, prompt_len: int, decode_len: int, repeats: int)
     }
 
 
+def bench_prompt(runner: ModelRunner, n: int) -> list[int]:
+    """The benchmark's prompt: n random token ids, the same in every run."""
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, runner.vocab_size, (n,), generator=g).tolist()
+
+
+def decode_pass(runner: ModelRunner, start: int, last: int, n: int) -> float:
+    """Seconds for n greedy decode steps of slot 0 from context length `start`."""
+    runner.memory.commit(0, start)
+
+    def run() -> None:
+        nonlocal last
+        for _ in range(n):
+            (lg,) = runner.forward([SlotInput(0, [last])])
+            last = int(lg[-1].argmax())
+
+    return _timed(run)
+
+
 def main(args: argparse.Namespace) -> None:
     from specserve.loading.model import load_model
 
+    if args.paired_rounds and not args.llama_bench:
+        raise SpecserveError("--paired-rounds needs --llama-bench (llama.cpp is the other side)")
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = []
@@ -145,6 +168,9 @@ def main(args: argparse.Namespace) -> None:
             row["peak_rss_mb"] = peak_mib() if fresh else None
             rows.append(row)
             print_table(rows[-1:], header=len(rows) == 1)
+            if args.llama_bench and args.paired_rounds:
+                rows.append(_paired_row(name, variant, runner, args))
+                print_paired(rows[-1])
             del loaded, runner
         if args.llama_bench:
             rows.append(_llama_cpp_row(name, args))
@@ -158,17 +184,66 @@ def peak_mib() -> float:
     return read_rss_mib("self", "VmHWM")
 
 
-def _llama_cpp_row(name: str, args: argparse.Namespace) -> dict:
-    from specserve.bench.llama_cpp import llama_bench_row
+def _gguf(name: str) -> Path:
     from specserve.loading.sources import resolve_model
 
     path = resolve_model(name)
     if path.suffix != ".gguf":
         raise SpecserveError(f"--llama-bench needs a GGUF model; {name} is {path}")
+    return path
+
+
+def _llama_cpp_row(name: str, args: argparse.Namespace) -> dict:
+    from specserve.bench.llama_cpp import llama_bench_row
+
+    path = _gguf(name)
     row = llama_bench_row(
         args.llama_bench, path, args.threads, args.prompt_len, args.decode_len, args.repeats, KS
     )
     return {"model": name, "dtype": "llama.cpp", **row}
+
+
+def _paired_row(name: str, variant: str, runner: ModelRunner, args: argparse.Namespace) -> dict:
+    """Decode tok/s of ours and of llama.cpp, one pass each per round, back to back: the
+    separate rows are minutes apart, and the memory speed of a shared VM moves by a third
+    in that time (the 0.5B's one-row forward took 10 to 14 ms within a minute), so their
+    ratio says as much about the minute as about the code. The slot still holds the
+    benchmark's prompt (measure ran on it); each pass starts from its end."""
+    from specserve.bench.llama_cpp import llama_decode_tok_s
+
+    path, n = _gguf(name), args.decode_len
+    last = bench_prompt(runner, args.prompt_len)[-1]
+    ours: list[float] = []
+    theirs: list[float] = []
+    for r in range(args.paired_rounds):
+        for side in (0, 1) if r % 2 == 0 else (1, 0):  # who goes first alternates
+            if side == 0:
+                ours.append(n / decode_pass(runner, args.prompt_len, last, n))
+            else:
+                theirs.append(
+                    llama_decode_tok_s(args.llama_bench, path, args.threads, args.prompt_len, n)
+                )
+    ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
+    return {
+        "model": name,
+        "dtype": f"{variant} vs llama.cpp",
+        "rounds": args.paired_rounds,
+        "decode_tok_s": statistics.median(ours),
+        "llama_cpp_decode_tok_s": statistics.median(theirs),
+        "ratio": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+    }
+
+
+def print_paired(row: dict) -> None:
+    print(
+        f"{row['model']} paired decode, {row['rounds']} rounds: {row['dtype'].split()[0]} "
+        f"{row['decode_tok_s']:.2f} tok/s, llama.cpp {row['llama_cpp_decode_tok_s']:.2f} "
+        f"(medians); ours / llama.cpp per round: median {row['ratio']:.2f}, "
+        f"range {row['ratio_min']:.2f}-{row['ratio_max']:.2f}",
+        flush=True,
+    )
 
 
 def print_table(rows: list[dict], header: bool = True) -> None:

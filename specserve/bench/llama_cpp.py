@@ -108,3 +108,16 @@ def llama_bench_row(
     row = row_from_results([*prefill, *rest], ks)
     row["peak_rss_mb"] = max(rss1, rss2)
     return row
+
+
+def llama_decode_tok_s(exe: Path, gguf: Path, threads: int, depth: int, n: int) -> float:
+    """llama.cpp's decode speed from one repetition: n tokens after `depth` tokens of context
+    (one side of a round of `bench decode --paired-rounds`)."""
+    args = ["-m", str(gguf), "-r", "1", "-p", "0", "-n", str(n), "-d", str(depth)]
+    if threads:
+        args += ["-t", str(threads)]
+    results, _ = run_llama_bench(exe, args)
+    gen = next((r for r in results if r["n_gen"] > 0), None)
+    if gen is None:
+        raise SpecserveError("llama-bench gave no generation test")
+    return float(gen["n_gen"] / median_seconds(gen))
