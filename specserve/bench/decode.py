@@ -168,7 +168,7 @@ def main(args: argparse.Namespace) -> None:
             row["peak_rss_mb"] = peak_mib() if fresh else None
             rows.append(row)
             print_table(rows[-1:], header=len(rows) == 1)
-            if args.llama_bench and args.paired_rounds:
+            if args.paired_rounds:  # main checked that --llama-bench came with it
                 rows.append(_paired_row(name, variant, runner, args))
                 print_paired(rows[-1])
             del loaded, runner

@@ -59,12 +59,14 @@ struct Q8Layout {
   static constexpr int64_t WEIGHTS = SCALES;
   static constexpr int64_t RECORD = WEIGHTS + TILE * BLOCK;
   static constexpr bool has_low = false;
+  static constexpr bool own_walk = false;  // `tile` walks it
 };
 struct Q4Layout {
   static constexpr int64_t INPUTS = BLOCK;  // x's inputs one record covers
   static constexpr int64_t WEIGHTS = 2 * SCALES;
   static constexpr int64_t RECORD = WEIGHTS + TILE * BLOCK / 2;
   static constexpr bool has_low = true;
+  static constexpr bool own_walk = false;  // `tile` walks it
 };
 struct Q5Layout {
   static constexpr int64_t INPUTS = BLOCK;  // x's inputs one record covers
@@ -72,6 +74,7 @@ struct Q5Layout {
   static constexpr int64_t PLANE = WEIGHTS + TILE * BLOCK / 2;  // the fifth bits
   static constexpr int64_t RECORD = PLANE + 32;
   static constexpr bool has_low = false;
+  static constexpr bool own_walk = false;  // `tile` walks it
   static constexpr int32_t offset = 16;
 };
 // q6 (GGUF Q6_K's own values): w = d * sc * (q - 32), q 0..63, an int8 sc per 16 inputs
@@ -84,6 +87,7 @@ struct Q6Layout {
   static constexpr int64_t PLANES = WEIGHTS + TILE * BLOCK / 2;
   static constexpr int64_t RECORD = PLANES + 64;
   static constexpr bool has_low = false;
+  static constexpr bool own_walk = false;  // `tile` walks it
 };
 
 // q6k (GGUF Q6_K's own layout): q6's values with d once per super-block of 256 inputs, as the
@@ -110,6 +114,7 @@ struct Q4KLayout {
   static constexpr int64_t MINS = SC + 8 * TILE;         // uint8 m[8 blocks][8 outputs]
   static constexpr int64_t WEIGHTS = MINS + 8 * TILE;    // q4's nibble arrays, 128 bytes a block
   static constexpr int64_t RECORD = WEIGHTS + 8 * TILE * BLOCK / 2;
+  static constexpr bool own_walk = true;  // q4k_tile walks it
 };
 
 // Rows m0..m1 of `tiles` (1 or 2) neighbouring tiles of one matrix of `kind` (the second's
@@ -367,8 +372,7 @@ LOWBIT_INLINE void rows(const uint8_t* records, int64_t stride, const XRows& x, 
                         int tiles) {
   int64_t m = m_begin;
   for (; m + R <= m_end; m += R) {
-    // q4k (the only kind with records of its size) has a walk of its own
-    if constexpr (W::RECORD == lowbit::Q4KLayout::RECORD)
+    if constexpr (W::own_walk)
       q4k_tile<R, V, W>(records, stride, x, m, n0, n_out, y, bias, tiles);
     else
       tile<R, V, W>(records, stride, x, m, n0, n_out, y, bias, tiles);
