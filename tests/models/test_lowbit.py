@@ -8,6 +8,7 @@ import torch
 
 from specserve.models.layers.lowbit import (
     GROUP,
+    SUPER,
     Q4KLinear,
     Q4Linear,
     Q5Linear,
@@ -26,13 +27,16 @@ from tests.isa import kernel_isas
 pytestmark = pytest.mark.skipif(problem() is not None, reason=f"low-bit kernels: {problem()}")
 
 
-def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """What the kernel does to x, written plainly: int8 per block of 32, round half to even."""
-    g = x.view(x.shape[0], -1, GROUP)
+def _quantize_rows(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the kernel does to x, written plainly: int8 with one scale per `group` inputs (a
+    layer's X_GROUP: 32, or 256 for q4k and q6k), round half to even; as blocks of 32, q
+    [M, K/32, 32] and each block's scale [M, K/32]."""
+    g = x.view(x.shape[0], -1, group)
     amax = g.abs().amax(-1)
     inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
     q = torch.round(g * inv[..., None])  # torch.round rounds half to even, as nearbyint does
-    return q, amax / 127
+    per = group // GROUP
+    return q.view(x.shape[0], -1, GROUP), (amax / 127).repeat_interleave(per, dim=1)
 
 
 def _reference_q8(x: torch.Tensor, layer: Q8Linear) -> torch.Tensor:
@@ -66,9 +70,9 @@ def _reference_low(x: torch.Tensor, layer: Q4Linear | Q5Linear) -> torch.Tensor:
     return (scaled + low.double()[None] * xsum[:, None, :]).sum(-1)
 
 
-def _reference_q6(x: torch.Tensor, layer: Q6Linear) -> torch.Tensor:
+def _reference_q6(x: torch.Tensor, layer: Q6Linear | Q6KLinear) -> torch.Tensor:
     """Exact integer dots per 16 inputs times their sc, summed per block, then scaled."""
-    qx, dx = _quantize_rows(x)
+    qx, dx = _quantize_rows(x, layer.X_GROUP)
     q, d, sc = layer.blocks()
     n, k = q.shape
     qw = (q.double() - 32).view(n, k // GROUP, 2, GROUP // 2)
@@ -287,12 +291,17 @@ def test_fused_q_k_v_and_gate_up_give_the_same_bits() -> None:
 
 
 @pytest.mark.skipif(len(kernel_isas()) < 2, reason="this CPU has only AVX2: one instruction set")
-@pytest.mark.parametrize("cls", [*BLOCKS, Q4KLinear])
+@pytest.mark.parametrize("cls", [*BLOCKS, Q4KLinear, Q6KLinear])
 def test_every_instruction_set_gives_the_same_bits(cls: type) -> None:
     # the VNNI dots are the same integers (q8 by way of x + 128, q6 and q4k's sub-scales by
     # 32-bit multiplies) and the float steps shared
     w, bias, x = _case(n=70, k=1024, m=37)
-    layer = _q4k_layer(n=70, k=1024) if cls is Q4KLinear else cls(w, bias)
+    if cls is Q4KLinear:
+        layer = _q4k_layer(n=70, k=1024)
+    elif cls is Q6KLinear:
+        layer = Q6KLinear.from_groups(*_q6k_groups(70, 1024, seed=12), bias)
+    else:
+        layer = cls(w, bias)
     got = {}
     try:
         for name in kernel_isas():
@@ -335,7 +344,7 @@ def _q4k_layer(n: int = 70, k: int = 512, seed: int = 0, bias: bool = True) -> Q
 
 def _reference_q4k(x: torch.Tensor, layer: Q4KLinear) -> torch.Tensor:
     """Exact integer block dots times sc, then d, dmin * m and x's block sums, in float64."""
-    qx, dx = _quantize_rows(x)
+    qx, dx = _quantize_rows(x, SUPER)
     q, sc, m, d, dmin = (t.double() for t in layer.fields())
     n, k = q.shape
     dots = torch.einsum("mbj,nbj->mnb", qx.double(), q.view(n, k // GROUP, GROUP))
@@ -417,21 +426,42 @@ def test_q6k_records_hold_the_values_in_fewer_bytes() -> None:
         Q6KLinear.from_groups(q, d, sc, None)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_q6k_gives_q6s_bits_at_every_row_count(threads: int, isa: str) -> None:
-    # the same q6 steps with the super-block's d: every row, alone or in any group, the bits
-    # of q6 (whose arithmetic test_kernel_computes_the_quantized_arithmetic checks)
+def test_q6k_kernel_computes_the_quantized_arithmetic(isa: str) -> None:
+    # q6's steps on x scaled per 256 inputs, the 8 block dots summed before d
     groups = _q6k_groups(70, 1024, seed=8)
     bias = torch.randn(70, generator=torch.Generator().manual_seed(9))
-    layer, q6 = Q6KLinear.from_groups(*groups, bias), Q6Linear.from_groups(*groups, bias)
+    layer = Q6KLinear.from_groups(*groups, bias)
+    x = torch.randn(9, 1024, generator=torch.Generator().manual_seed(10))
+    got, ref = layer(x).double(), _reference_q6(x, layer) + bias.double()
+    assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5), (got - ref).abs().max()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_q6k_rows_do_not_depend_on_the_rows_beside_them(threads: int, isa: str) -> None:
+    layer = Q6KLinear.from_groups(*_q6k_groups(70, 1024, seed=8), None)
     x = torch.randn(37, 1024, generator=torch.Generator().manual_seed(10))
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        full = q6(x)
-        assert torch.equal(layer(x), full)
+        full = layer(x)
         for m in (1, 2, 3, 4, 5, 7, 8, 9, 16):
             for start in (0, 1, 37 - m):
                 assert torch.equal(layer(x[start : start + m]), full[start : start + m]), (m, start)
     finally:
         torch.set_num_threads(before)
+
+
+def test_x_scaled_per_256_and_per_32_do_not_share_a_call() -> None:
+    # q4k/q6k want x scaled per 256 inputs, the block kinds per 32: fuse_lowbit keeps them
+    # apart, and the kernel refuses a call that mixes them
+    from torch import nn
+
+    from specserve.models.layers.lowbit import fuse_lowbit
+
+    mlp = nn.Module()
+    mlp.gate, mlp.up = _q4k_layer(64, 256, seed=11), Q8Linear(torch.randn(64, 256), None)
+    assert fuse_lowbit(mlp) == 0
+    with pytest.raises(RuntimeError, match="q4k and q6k .* cannot share a call with q8"):
+        mlp.up.kernels.lowbit_linear(
+            torch.randn(2, 256), [mlp.gate.records, mlp.up.records], [4, 0], [64, 64], None, None
+        )

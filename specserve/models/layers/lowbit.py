@@ -262,6 +262,9 @@ class LowbitLinear(LowbitCall):
     """One weight matrix; subclasses quantize the weights into records."""
 
     KIND = -1  # the kernel's number for this kind (ops/cpu/lowbit.cpp RECORD_BYTES)
+    # inputs under one scale of x: a block of 32, or a super-block of 256 for the GGUF
+    # k-quant kinds (the kernel sums their block dots over it as integers)
+    X_GROUP = GROUP
     records: torch.Tensor  # the kernel's tiled blocks (a buffer)
 
     def __init__(
@@ -409,10 +412,11 @@ def q6_blocks(r: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torc
 class Q6KLinear(LowbitLinear):
     """GGUF Q6_K's own layout: q6's values with d once per 256 inputs, as the file stores it.
     A record holds 8 outputs x 256 inputs: d[8] float16, then each block's q6 record less its
-    d. 0.820 bytes per weight (q6, d per block of 32: 0.875); the same bits as q6 (the kernel
-    runs q6's steps with the super-block's d)."""
+    d. 0.820 bytes per weight (q6, d per block of 32: 0.875). The kernel runs q6's steps on x
+    scaled per 256 inputs and sums the 8 block dots as integers under one float step."""
 
     KIND = 5
+    X_GROUP = SUPER
     BLOCKS = SUPER // GROUP  # blocks a record covers
 
     @classmethod
@@ -449,6 +453,7 @@ class Q4KLinear(LowbitLinear):
     dmin * m to float16."""
 
     KIND = 4
+    X_GROUP = SUPER
 
     @staticmethod
     def records_of(
@@ -501,12 +506,14 @@ class FusedLowbit(LowbitCall):
 
     Each call has a fixed cost (~30 us: quantizing x, starting threads), a large share of a
     small matrix's time, so one call for three saves two. The parts may be of different
-    kinds (GGUF files mix them: the 0.5B's q and k are Q5_0, its v Q8_0): the kernel walks
-    each part's records with its own arithmetic. The parts stay in the model as
-    `FusedPart`s, so the model code is the same in every weight mode: the first part called
-    with an input computes all outputs, the parts after it in the same pass slice them. The
-    outputs are bit-identical to the separate layers' (an output's arithmetic depends only on
-    its own records and x). Every part but the last must fill whole tiles.
+    kinds (GGUF files mix them: the 0.5B's q and k are Q5_0, its v Q8_0; the 1.5B's q4k
+    and q6k): the kernel walks each part's records with its own arithmetic. They share x's
+    quantization, so they are all of one X_GROUP (fuse_lowbit fuses only such). The parts
+    stay in the model as `FusedPart`s, so the model code is the same in every weight mode:
+    the first part called with an input computes all outputs, the parts after it in the same
+    pass slice them. The outputs are bit-identical to the separate layers' (an output's
+    arithmetic depends only on its own records and x). Every part but the last must fill
+    whole tiles.
     """
 
     def __init__(self, parts: list[LowbitLinear]) -> None:
@@ -597,9 +604,11 @@ def _fusable(parts: list[nn.Module | None]) -> bool:
     first = parts[0]
     if not isinstance(first, LowbitLinear):
         return False
+    # one call quantizes x once, so its parts must want x scaled over the same group
     return all(
         isinstance(p, LowbitLinear)
         and p.in_features == first.in_features
+        and p.X_GROUP == first.X_GROUP
         and p.out_features % TILE == 0
         for p in parts
     )

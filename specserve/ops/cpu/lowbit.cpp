@@ -110,26 +110,27 @@ int32_t q6_offsets(const __m256i* q, int32_t* out, int32_t* halves) {
   return total;
 }
 
-// One block of 32 inputs: d = max|v| / 127, q = round-to-nearest-even(v * 127 / max|v|) (as
-// llama.cpp's Q8_0), into q, with the block's sums. AVX2:
-// the scalar loop (nearbyint per input) took ~1.5 ns an input, 60 us a call for 8 rows of
-// the 0.5B's down projection (4864 inputs) and ~2.6 ms of an 8-row forward.
-void quantize_block(const float* v, int8_t* q, float& d, float& sum, int32_t& isum,
-                    int32_t* pairs, int32_t* halves) {
+// max|v| over one block of 32 inputs
+float block_amax(const float* v) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
-  __m256 x[4], m = _mm256_setzero_ps();
-  for (int i = 0; i < 4; ++i) {
-    x[i] = _mm256_loadu_ps(v + 8 * i);
-    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, x[i]));
-  }
+  __m256 m = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + 8 * i)));
   m = _mm256_max_ps(m, _mm256_permute2f128_ps(m, m, 1));
   m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0x4E));
   m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0xB1));
-  const float amax = _mm256_cvtss_f32(m);
+  return _mm256_cvtss_f32(m);
+}
+
+// One block of 32 inputs with scale amax / 127 (amax: the block's max|v|, or its super-block's):
+// q = round-to-nearest-even(v * 127 / amax) (as llama.cpp's Q8_0 and Q8_K), into q, with the
+// block's sums. AVX2: the scalar loop (nearbyint per input) took ~1.5 ns an input, 60 us a
+// call for 8 rows of the 0.5B's down projection (4864 inputs) and ~2.6 ms of an 8-row forward.
+void quantize_block(const float* v, float amax, int8_t* q, float& d, float& sum, int32_t& isum,
+                    int32_t* pairs, int32_t* halves) {
   const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
   __m256i qi[4];
   for (int i = 0; i < 4; ++i)  // the default rounding mode: to nearest, ties to even
-    qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(x[i], _mm256_set1_ps(id)));
+    qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 8 * i), _mm256_set1_ps(id)));
   // packs interleave the 128-bit halves; the permute puts the 32 bytes back in order
   const __m256i b = _mm256_permutevar8x32_epi32(
       _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3])),
@@ -150,14 +151,30 @@ QuantRows& rows_for(int64_t M, int64_t K) {
   return r;
 }
 
-// Blocks i0 .. i1 - 1 of x [M, K], in x's order (row m's block b is i = m * nb + b),
-// quantized into r, block-major (XRows)
-void quantize_range(const float* x, QuantRows& r, int64_t i0, int64_t i1) {
-  const int64_t nb = r.nblocks, M = r.rows;
+// Groups i0 .. i1 - 1 of x [M, K], `per` blocks a group (1, or 8: a super-block of 256), in
+// x's order (row m's group g is i = m * K / (32 per) + g), quantized into r, block-major
+// (XRows), each group with one scale: per block of 32 for the block kinds, per 256 for q4k and
+// q6k (as llama.cpp's Q8_K), whose walks then sum a super-block's block dots as integers
+void quantize_range(const float* x, QuantRows& r, int64_t i0, int64_t i1, int per, bool vnni) {
+  const int64_t M = r.rows, groups = r.nblocks / per;
+  // row m's group g, counted on from i0 (two divisions a block took most of the time: 14.7
+  // us for 8 rows of 4864 inputs)
+  int64_t m = i0 / groups, g = i0 % groups;
   for (int64_t i = i0; i < i1; ++i) {
-    const int64_t m = i / nb, b = i % nb, o = b * M + m;
-    quantize_block(x + i * BLOCK, r.q.data() + o * BLOCK, r.d[o], r.sum[o], r.isum[o],
-                   r.pairs.data() + 2 * o, r.halves.data() + 2 * o);
+    const float* v = x + i * per * BLOCK;
+    float amax = 0.0f;
+    for (int j = 0; j < per; ++j) amax = std::max(amax, block_amax(v + j * BLOCK));
+    for (int j = 0; j < per; ++j) {
+      const int64_t o = (g * per + j) * M + m;  // block-major
+      int8_t* q = r.q.data() + o * BLOCK;
+      if (vnni)  // half the instructions
+        lowbit::vnni_quantize_block(v + j * BLOCK, amax, q, r.d[o], r.sum[o], r.isum[o],
+                                    r.halves.data() + 2 * o);
+      else
+        quantize_block(v + j * BLOCK, amax, q, r.d[o], r.sum[o], r.isum[o],
+                       r.pairs.data() + 2 * o, r.halves.data() + 2 * o);
+    }
+    if (++g == groups) g = 0, ++m;
   }
 }
 
@@ -392,6 +409,20 @@ void walk(bool vnni, const std::vector<Part>& parts, const std::vector<int64_t>&
   }
 }
 
+// The blocks of 32 that share one scale of x in a call: 8 (a super-block of 256) where every
+// part is q4k or q6k, 1 where none is. Those two kinds' walks sum a super-block's block dots as
+// integers under one float step, which needs x's scale constant over the super-block; the block
+// kinds' records take a scale per block and x's with it. A call cannot mix the two
+// (FusedLowbit fuses only layers of one family).
+int per_group(const std::vector<Part>& parts) {
+  auto super = [](const Part& p) { return RECORD_INPUTS[p.kind] > BLOCK; };
+  const bool all = std::all_of(parts.begin(), parts.end(), super);
+  TORCH_CHECK(all || std::none_of(parts.begin(), parts.end(), super),
+              "lowbit linear: q4k and q6k (x scaled per 256 inputs) cannot share a call with q8, q4, "
+              "q5 or q6 (per 32)");
+  return all ? 8 : 1;
+}
+
 // x's blocks quantized per thread of the region from this many up (fewer: by the first
 // thread alone, while the others wait at the barrier)
 constexpr int64_t SPLIT_BLOCKS = 64;
@@ -409,7 +440,8 @@ void run(const torch::Tensor& x_in, const std::vector<Part>& parts, int64_t n_ou
   const XRows x = rows.view();
   std::vector<int64_t> first{0};  // global tile index -> part: parts' tile ranges
   for (const Part& p : parts) first.push_back(first.back() + p.tiles);
-  const int64_t tiles = first.back(), blocks = M * x.nblocks;
+  const int per = per_group(parts);
+  const int64_t tiles = first.back(), blocks = M * x.nblocks, groups = blocks / per;
   // about 64K weights per thread at least: small matrices stay on one thread
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / (K * TILE));
   const int64_t want = std::min<int64_t>(at::get_num_threads(), (tiles + grain - 1) / grain);
@@ -417,7 +449,8 @@ void run(const torch::Tensor& x_in, const std::vector<Part>& parts, int64_t n_ou
   auto share = [&](int64_t tid, int64_t team) {
     const int64_t quantizers = blocks >= SPLIT_BLOCKS ? team : 1;
     if (tid < quantizers)
-      quantize_range(xp, rows, blocks * tid / quantizers, blocks * (tid + 1) / quantizers);
+      quantize_range(xp, rows, groups * tid / quantizers, groups * (tid + 1) / quantizers, per,
+                     vnni);
     if (team > 1) {
 #pragma omp barrier
     }

@@ -124,6 +124,12 @@ void vnni_tile_rows(int64_t kind, const uint8_t* records, int64_t stride, int ti
                     const XRows& x, int64_t m0, int64_t m1, int64_t n0, int64_t n_out, float* y,
                     const float* bias);
 
+// One block of 32 inputs of x quantized with scale amax / 127 (lowbit.cpp's quantize_block) on
+// 512-bit vectors: the same q, d, sum and isum, and VNNI q6's `halves`; not AVX2 q6's `pairs`,
+// which the VNNI dots do not read. (Call only where the CPU has AVX-512.)
+void vnni_quantize_block(const float* v, float amax, int8_t* q, float& d, float& sum,
+                         int32_t& isum, int32_t* halves);
+
 }  // namespace lowbit
 
 namespace {
@@ -287,39 +293,48 @@ struct Ahead {
   }
 };
 
+// Where block j of a record has its fields, as W::dots reads them: the record itself, or in
+// q6k's, block j's q6 record less its d (so at q6's offsets from SCALES bytes before it)
+template <class W>
+LOWBIT_INLINE const uint8_t* block_fields(const uint8_t* record, int64_t j) {
+  if constexpr (W::INPUTS > BLOCK) return record + j * W::BLOCK_BYTES;
+  else return record;
+}
+
 // y[m0 .. m0+R, n0 .. n0+8*tiles) from the tiles' records; row r's outputs are one V::F.
 // W::dots gives the exact int32 block dots of the records' outputs with R rows' blocks
-// (`idx`: each row's block index in x).
+// (`idx`: each row's block index in x). A record covers one block, or q6k's 8 blocks under
+// one d: those 8 dots are summed as integers (x has one scale per 256 inputs there, run's
+// per_group; |sum| <= 8 * 2 * 128 * 16 * 32 * 127 < 2^31) before the float step, which runs
+// once a record: at 8 rows the float steps were a quarter of a block's instructions.
 template <int R, class V, class W>
 LOWBIT_INLINE void tile(const uint8_t* records, int64_t stride, const XRows& x, int64_t m0,
                         int64_t n0, int64_t n_out, float* y, const float* bias, int tiles) {
-  const int64_t nb = x.nblocks;
+  constexpr int64_t per = W::INPUTS / BLOCK;  // blocks a record covers
+  constexpr int64_t per_block = W::RECORD / per;  // a block's share of the record (look-ahead)
   typename V::F acc[R];
   for (int r = 0; r < R; ++r) acc[r] = V::fzero();
   Ahead<V> ahead(records, stride, lowbit::PREFETCH);
-  // a block's share of the records (q6k's record covers 8 blocks)
-  constexpr int64_t per_block = W::RECORD * BLOCK / W::INPUTS;
-  for (int64_t b = 0; b < nb; ++b) {
-    // the block's fields, and its scale (d): one record a block, or q6k's 8 blocks after
-    // their super-block's d
-    const uint8_t* rec = records + b * W::RECORD;
-    const uint8_t* scales = rec;
-    if constexpr (W::INPUTS > BLOCK) {
-      scales = records + (b / 8) * W::RECORD;
-      rec = scales + (b % 8) * W::BLOCK_BYTES;
+  for (int64_t s = 0; s < x.nblocks / per; ++s) {
+    const uint8_t* scales = records + s * W::RECORD;  // d (or s) and q4's low lead the record
+    const int64_t first = x.at(m0, s * per);  // the group's rows follow it (as one base + r)
+    typename V::I sum[R];
+    for (int64_t j = 0; j < per; ++j) {
+      const uint8_t* rec = block_fields<W>(scales, j);
+      ahead.next(per_block, per_block);
+      int64_t idx[R];
+      const int64_t at = x.at(m0, s * per + j);
+      for (int r = 0; r < R; ++r) idx[r] = at + r;
+      typename V::I dot[R];
+      W::template dots<R>(rec, stride, x, idx, dot);
+      for (int r = 0; r < R; ++r) sum[r] = j ? V::add(sum[r], dot[r]) : dot[r];
     }
-    ahead.next(per_block, per_block);
-    int64_t idx[R];
-    const int64_t first = x.at(m0, b);  // the group's rows follow it (as one base + r)
-    for (int r = 0; r < R; ++r) idx[r] = first + r;
-    typename V::I dot[R];
-    W::template dots<R>(rec, stride, x, idx, dot);
     const typename V::F scale = V::halves(scales, stride);
     for (int r = 0; r < R; ++r) {
-      const typename V::F d = V::cvt(dot[r]);  // exact: |dot| < 2^24
-      acc[r] = V::fmadd(d, V::mul(scale, V::splat(x.d[idx[r]])), acc[r]);
+      const typename V::F d = V::cvt(sum[r]);  // exact below 2^24 (a block's dot)
+      acc[r] = V::fmadd(d, V::mul(scale, V::splat(x.d[first + r])), acc[r]);
       if constexpr (W::has_low)
-        acc[r] = V::fmadd(V::halves(rec + lowbit::SCALES, stride), V::splat(x.sum[idx[r]]),
+        acc[r] = V::fmadd(V::halves(scales + lowbit::SCALES, stride), V::splat(x.sum[first + r]),
                           acc[r]);
     }
   }
@@ -327,10 +342,11 @@ LOWBIT_INLINE void tile(const uint8_t* records, int64_t stride, const XRows& x, 
 }
 
 // y[m0 .. m0+R, n0 .. n0+8*tiles) from the tiles' q4k records (whole super-blocks of 256
-// inputs). Per block: K::dots gives the exact int32 dot sc * sum(q q_x) (|dot| <= 63 * 32 * 15
-// * 127 < 2^24), then acc = fma(dot, d * d_x, acc) and acc = fma(-(dmin * m), d_x * sum(q_x),
-// acc): the float steps of `tile` with d and -(dmin * m) (exact in float32) for q4's scale and
-// low.
+// inputs, under one scale of x: run's per_group). Per block: K::dots gives the exact int32 dot
+// sc * sum(q q_x), summed over the super-block as integers (|sum| <= 8 * 63 * 32 * 15 * 127 <
+// 2^31), and acc = fma(-(dmin * m), d_x * sum(q_x), acc); per super-block acc = fma(sum, d *
+// d_x, acc). (A float step per block, as q4's, cost 13 % of the 8-row time: 122 against 140
+// GMAC/s, L2-resident, one thread, Zen 4.)
 template <int R, class V, class K>
 LOWBIT_INLINE void q4k_tile(const uint8_t* records, int64_t stride, const XRows& x, int64_t m0,
                             int64_t n0, int64_t n_out, float* y, const float* bias, int tiles) {
@@ -343,7 +359,8 @@ LOWBIT_INLINE void q4k_tile(const uint8_t* records, int64_t stride, const XRows&
   for (int64_t sb = 0; sb < nb / 8; ++sb) {
     const uint8_t* rec = records + sb * K::RECORD;
     scales.next(K::WEIGHTS, K::RECORD);
-    const typename V::F d = V::halves(rec, stride), dmin = V::halves(rec + K::DMIN, stride);
+    const typename V::F dmin = V::halves(rec + K::DMIN, stride);
+    typename V::I sum[R];
     for (int b = 0; b < 8; ++b) {
       const uint8_t* nib = rec + K::WEIGHTS + b * TILE * BLOCK / 2;
       // the last block's step also passes the next record's scales
@@ -356,11 +373,14 @@ LOWBIT_INLINE void q4k_tile(const uint8_t* records, int64_t stride, const XRows&
       const typename V::F m = V::cvt(V::u8(rec + K::MINS + b * TILE, stride));
       const typename V::F low = V::fsub(V::fzero(), V::mul(dmin, m));
       for (int r = 0; r < R; ++r) {
-        const typename V::F dot = V::cvt(dots[r]);
-        acc[r] = V::fmadd(dot, V::mul(d, V::splat(x.d[idx[r]])), acc[r]);
+        sum[r] = b ? V::add(sum[r], dots[r]) : dots[r];
         acc[r] = V::fmadd(low, V::splat(x.sum[idx[r]]), acc[r]);
       }
     }
+    const typename V::F d = V::halves(rec, stride);
+    const int64_t first = x.at(m0, sb * 8);
+    for (int r = 0; r < R; ++r)
+      acc[r] = V::fmadd(V::cvt(sum[r]), V::mul(d, V::splat(x.d[first + r])), acc[r]);
   }
   store_rows<R, V>(acc, m0, n0, n_out, y, bias, tiles);
 }
