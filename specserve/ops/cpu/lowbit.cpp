@@ -114,7 +114,8 @@ int32_t q6_offsets(const __m256i* q, int32_t* out, int32_t* halves) {
 float block_amax(const float* v) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 m = _mm256_setzero_ps();
-  for (int i = 0; i < 4; ++i) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + 8 * i)));
+  for (int i = 0; i < 4; ++i)
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + 8 * i)));
   m = _mm256_max_ps(m, _mm256_permute2f128_ps(m, m, 1));
   m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0x4E));
   m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0xB1));
@@ -155,10 +156,10 @@ QuantRows& rows_for(int64_t M, int64_t K) {
 // x's order (row m's group g is i = m * K / (32 per) + g), quantized into r, block-major
 // (XRows), each group with one scale: per block of 32 for the block kinds, per 256 for q4k and
 // q6k (as llama.cpp's Q8_K), whose walks then sum a super-block's block dots as integers
-void quantize_range(const float* x, QuantRows& r, int64_t i0, int64_t i1, int per, bool vnni) {
+void quantize_range(const float* x, QuantRows& r, int64_t i0, int64_t i1, int per) {
   const int64_t M = r.rows, groups = r.nblocks / per;
-  // row m's group g, counted on from i0 (two divisions a block took most of the time: 14.7
-  // us for 8 rows of 4864 inputs)
+  // row m's group g, counted on from i0 (a division per block cost 9 %: 8 rows of 4864
+  // inputs and one tile, 14.7 us a call against 13.4)
   int64_t m = i0 / groups, g = i0 % groups;
   for (int64_t i = i0; i < i1; ++i) {
     const float* v = x + i * per * BLOCK;
@@ -166,13 +167,8 @@ void quantize_range(const float* x, QuantRows& r, int64_t i0, int64_t i1, int pe
     for (int j = 0; j < per; ++j) amax = std::max(amax, block_amax(v + j * BLOCK));
     for (int j = 0; j < per; ++j) {
       const int64_t o = (g * per + j) * M + m;  // block-major
-      int8_t* q = r.q.data() + o * BLOCK;
-      if (vnni)  // half the instructions
-        lowbit::vnni_quantize_block(v + j * BLOCK, amax, q, r.d[o], r.sum[o], r.isum[o],
-                                    r.halves.data() + 2 * o);
-      else
-        quantize_block(v + j * BLOCK, amax, q, r.d[o], r.sum[o], r.isum[o],
-                       r.pairs.data() + 2 * o, r.halves.data() + 2 * o);
+      quantize_block(v + j * BLOCK, amax, r.q.data() + o * BLOCK, r.d[o], r.sum[o], r.isum[o],
+                     r.pairs.data() + 2 * o, r.halves.data() + 2 * o);
     }
     if (++g == groups) g = 0, ++m;
   }
@@ -413,13 +409,13 @@ void walk(bool vnni, const std::vector<Part>& parts, const std::vector<int64_t>&
 // part is q4k or q6k, 1 where none is. Those two kinds' walks sum a super-block's block dots as
 // integers under one float step, which needs x's scale constant over the super-block; the block
 // kinds' records take a scale per block and x's with it. A call cannot mix the two
-// (FusedLowbit fuses only layers of one family).
+// (fuse_lowbit fuses only layers of one X_GROUP).
 int per_group(const std::vector<Part>& parts) {
   auto super = [](const Part& p) { return RECORD_INPUTS[p.kind] > BLOCK; };
   const bool all = std::all_of(parts.begin(), parts.end(), super);
   TORCH_CHECK(all || std::none_of(parts.begin(), parts.end(), super),
-              "lowbit linear: q4k and q6k (x scaled per 256 inputs) cannot share a call with q8, q4, "
-              "q5 or q6 (per 32)");
+              "lowbit linear: q4k and q6k (x scaled per 256 inputs) cannot share a call with "
+              "q8, q4, q5 or q6 (per 32)");
   return all ? 8 : 1;
 }
 
@@ -449,8 +445,7 @@ void run(const torch::Tensor& x_in, const std::vector<Part>& parts, int64_t n_ou
   auto share = [&](int64_t tid, int64_t team) {
     const int64_t quantizers = blocks >= SPLIT_BLOCKS ? team : 1;
     if (tid < quantizers)
-      quantize_range(xp, rows, groups * tid / quantizers, groups * (tid + 1) / quantizers, per,
-                     vnni);
+      quantize_range(xp, rows, groups * tid / quantizers, groups * (tid + 1) / quantizers, per);
     if (team > 1) {
 #pragma omp barrier
     }

@@ -124,12 +124,6 @@ void vnni_tile_rows(int64_t kind, const uint8_t* records, int64_t stride, int ti
                     const XRows& x, int64_t m0, int64_t m1, int64_t n0, int64_t n_out, float* y,
                     const float* bias);
 
-// One block of 32 inputs of x quantized with scale amax / 127 (lowbit.cpp's quantize_block) on
-// 512-bit vectors: the same q, d, sum and isum, and VNNI q6's `halves`; not AVX2 q6's `pairs`,
-// which the VNNI dots do not read. (Call only where the CPU has AVX-512.)
-void vnni_quantize_block(const float* v, float amax, int8_t* q, float& d, float& sum,
-                         int32_t& isum, int32_t* halves);
-
 }  // namespace lowbit
 
 namespace {
@@ -310,8 +304,8 @@ LOWBIT_INLINE const uint8_t* block_fields(const uint8_t* record, int64_t j) {
 template <int R, class V, class W>
 LOWBIT_INLINE void tile(const uint8_t* records, int64_t stride, const XRows& x, int64_t m0,
                         int64_t n0, int64_t n_out, float* y, const float* bias, int tiles) {
-  constexpr int64_t per = W::INPUTS / BLOCK;  // blocks a record covers
-  constexpr int64_t per_block = W::RECORD / per;  // a block's share of the record (look-ahead)
+  constexpr int64_t per = W::INPUTS / BLOCK;      // blocks a record covers
+  constexpr int64_t per_block = W::RECORD / per;  // a block's share of it (the look-ahead)
   typename V::F acc[R];
   for (int r = 0; r < R; ++r) acc[r] = V::fzero();
   Ahead<V> ahead(records, stride, lowbit::PREFETCH);
@@ -331,11 +325,12 @@ LOWBIT_INLINE void tile(const uint8_t* records, int64_t stride, const XRows& x, 
     }
     const typename V::F scale = V::halves(scales, stride);
     for (int r = 0; r < R; ++r) {
-      const typename V::F d = V::cvt(sum[r]);  // exact below 2^24 (a block's dot)
+      // exact for a block's dot (< 2^24); a q6k sum may round, the same on every ISA
+      const typename V::F d = V::cvt(sum[r]);
       acc[r] = V::fmadd(d, V::mul(scale, V::splat(x.d[first + r])), acc[r]);
       if constexpr (W::has_low)
-        acc[r] = V::fmadd(V::halves(scales + lowbit::SCALES, stride), V::splat(x.sum[first + r]),
-                          acc[r]);
+        acc[r] = V::fmadd(V::halves(scales + lowbit::SCALES, stride),
+                          V::splat(x.sum[first + r]), acc[r]);
     }
   }
   store_rows<R, V>(acc, m0, n0, n_out, y, bias, tiles);
@@ -345,8 +340,9 @@ LOWBIT_INLINE void tile(const uint8_t* records, int64_t stride, const XRows& x, 
 // inputs, under one scale of x: run's per_group). Per block: K::dots gives the exact int32 dot
 // sc * sum(q q_x), summed over the super-block as integers (|sum| <= 8 * 63 * 32 * 15 * 127 <
 // 2^31), and acc = fma(-(dmin * m), d_x * sum(q_x), acc); per super-block acc = fma(sum, d *
-// d_x, acc). (A float step per block, as q4's, cost 13 % of the 8-row time: 122 against 140
-// GMAC/s, L2-resident, one thread, Zen 4.)
+// d_x, acc) (the conversion may round a sum past 2^24, the same on every ISA). With the float
+// step per block, as q4's, 8 rows ran at 122 GMAC/s against 138 now (L2-resident, one thread,
+// Zen 4).
 template <int R, class V, class K>
 LOWBIT_INLINE void q4k_tile(const uint8_t* records, int64_t stride, const XRows& x, int64_t m0,
                             int64_t n0, int64_t n_out, float* y, const float* bias, int tiles) {

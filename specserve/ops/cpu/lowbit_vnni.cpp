@@ -260,19 +260,3 @@ void lowbit::vnni_tile_rows(int64_t kind, const uint8_t* records, int64_t stride
   kind_rows<ROWS, YV, Q8<YV>, Q4<YV>, Q5<YV>, Q6<YV>, Q4K<YV>>(kind, records, 0, x, m0, m1, n0,
                                                                n_out, y, bias, 1);
 }
-
-void lowbit::vnni_quantize_block(const float* v, float amax, int8_t* q, float& d, float& sum,
-                                 int32_t& isum, int32_t* halves) {
-  const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-  // inputs 0-15 and 16-31: q6's two halves; rounded to nearest, ties to even (as on AVX2)
-  const __m512i h0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v), id));
-  const __m512i h1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + 16), id));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(h0));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(h1));
-  const int32_t s0 = _mm512_reduce_add_epi32(h0), s1 = _mm512_reduce_add_epi32(h1);
-  halves[0] = -32 * s0;
-  halves[1] = -32 * s1;
-  isum = s0 + s1;
-  d = amax / 127.0f;
-  sum = d * static_cast<float>(isum);
-}
