@@ -149,6 +149,24 @@ def test_q6_extremes_wrap_16_bits_and_come_back_exact(level: int, isa: str) -> N
     assert ref.abs().min() > 0.5  # a real, large value, not a cancellation to zero
 
 
+@pytest.mark.parametrize("top", [False, True], ids=["q0", "q31"])
+def test_q5_extremes_wrap_16_bits_and_come_back_exact(top: bool, isa: str) -> None:
+    # unsigned q = 31 against x = 127: a lane's 16 products (8 steps) sum to ~16 * 31 * 127, past
+    # int16; less 16 times x's sums they are (q - 16) x, which fits (q = 0: -16 * 16 * 127)
+    n, k = 16, 64
+    w = torch.full((n, k), -15.0 if top else 1.0)
+    if top:  # the block's largest |w| sits at q = 0, so d = -1 and every other q is 31
+        w[:, ::GROUP] = 16.0
+    layer = Q5Linear(w, None)
+    q = _q5_values(*layer.blocks()[:2])
+    assert (q[..., 1:] == (31 if top else 0)).all()
+    x = torch.ones(3, k)
+    x[1] = -1  # the sign of every product flips
+    got, ref = layer(x).double(), _reference_low(x, layer)
+    assert torch.allclose(got, ref, rtol=1e-6, atol=0), (got - ref).abs().max()
+    assert ref.abs().min() > 0.5  # a real, large value, not a cancellation to zero
+
+
 def test_q4_blocks_round_within_half_a_step() -> None:
     w, _, _ = _case()
     packed, scale, low = q4_blocks(w)

@@ -44,9 +44,9 @@
 // other slots) costs about three instructions per step: broadcast, multiply, add. (The
 // previous layout, 4 outputs per record with a 32-input block per output, spent a transpose
 // per row and block.)
-// q4/q5 products fit in 16 bits for several steps (|q x| <= 31 * 127 per product), so they
-// are summed in 16 bits and widened once or twice per block. q5's -16 is applied to the
-// exact integer dot (dot - 16 sum(q_x)), so it needs no field and no second multiply.
+// q4/q5 products are summed in 16 bits over a block and widened once: q4's 16 products per
+// lane fit (|q x| <= 15 * 127), q5's fit once its -16 is applied (x's precomputed sums times
+// 16 taken off the 16-bit sums), so it needs no field and no second multiply.
 //
 // Batch invariance by construction: y[m, n] is one vector lane that always runs the same
 // sequence of operations (row m quantized alone; blocks in order; exact integer block dots;
@@ -74,7 +74,7 @@ namespace {
 using lowbit::SCALES;
 
 // x quantized per row in blocks of 32: x ~ d * q; `isum` = sum(q), for q5's and VNNI q8's
-// offsets, and `sum` = d * sum(q), for q4's low term; `pairs`, q6's offset (q6_offsets).
+// offsets, and `sum` = d * sum(q), for q4's low term; `pairs`, AVX2 q6's and q5's (x_offsets).
 // Buffers are per calling thread and reused, so a call allocates nothing but y.
 struct QuantRows {
   std::vector<int8_t> q;
@@ -87,14 +87,19 @@ struct QuantRows {
   }
 };
 
-// q6's offsets for one block of q, from its 32 values as four int32 vectors (inputs 0-7, 8-15,
-// 16-23, 24-31): per half h (16 inputs, steps 4h..4h+3), AVX2's `pairs`: 32 times the sums of
-// the inputs each 16-bit lane of a step's maddubs meets (even lanes: inputs 4s, 4s+1; odd:
-// 4s+2, 4s+3), as two int16 in one int32; VNNI's `halves`: -32 times the half's sum, where its
-// chain starts. The q6 dots multiply unsigned q (0..63) and take these off, which is the
-// product with q - 32 (|32 * sum| <= 32 * 8 * 127 fits 16 bits). Returns sum(q).
-int32_t q6_offsets(const __m256i* q, int32_t* out, int32_t* halves) {
-  int32_t total = 0;
+// The offsets for one block of q, from its 32 values as four int32 vectors (inputs 0-7, 8-15,
+// 16-23, 24-31). AVX2's `pairs` hold int16 pairs: the sums of the inputs each 16-bit lane of a
+// step's maddubs meets (even lanes: inputs 4s, 4s+1; odd: 4s+2, 4s+3) as two int16 in one
+// int32, for q6 per half h (16 inputs, steps 4h..4h+3) times 32, for q5 over the block times 16
+// (entry 2); VNNI's `halves`: -32 times each half's sum, where its chain starts. The q6 and q5
+// dots multiply unsigned q (0..63, 0..31) and take these off, which is the product with q - 32
+// (q - 16): |32 * sum| <= 32 * 8 * 127 and |16 * sum| <= 16 * 16 * 127 fit 16 bits. Returns
+// sum(q).
+int32_t x_offsets(const __m256i* q, int32_t* pairs, int32_t* halves) {
+  auto pack = [](int lo, int hi) {  // two int16 (which hold them) in one int32
+    return static_cast<int32_t>(static_cast<uint16_t>(lo) | (static_cast<uint32_t>(hi) << 16));
+  };
+  int even_all = 0, odd_all = 0;
   for (int h = 0; h < 2; ++h) {
     // lane j: inputs j and j + 8 of the half, then lanes j and j + 4 added: j % 4 is what a
     // lane's input is modulo 4, which decides its maddubs lane
@@ -102,12 +107,12 @@ int32_t q6_offsets(const __m256i* q, int32_t* out, int32_t* halves) {
     const __m128i f = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
     const int even = _mm_extract_epi32(f, 0) + _mm_extract_epi32(f, 1);
     const int odd = _mm_extract_epi32(f, 2) + _mm_extract_epi32(f, 3);
-    const uint32_t lo = static_cast<uint16_t>(32 * even), hi = static_cast<uint16_t>(32 * odd);
-    out[h] = static_cast<int32_t>(lo | (hi << 16));
+    pairs[h] = pack(32 * even, 32 * odd);
     halves[h] = -32 * (even + odd);
-    total += even + odd;
+    even_all += even, odd_all += odd;
   }
-  return total;
+  pairs[2] = pack(16 * even_all, 16 * odd_all);
+  return even_all + odd_all;
 }
 
 // max|v| over one block of 32 inputs
@@ -137,7 +142,7 @@ void quantize_block(const float* v, float amax, int8_t* q, float& d, float& sum,
       _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3])),
       _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), b);
-  isum = q6_offsets(qi, pairs, halves);
+  isum = x_offsets(qi, pairs, halves);
   d = amax / 127.0f;
   sum = d * static_cast<float>(isum);
 }
@@ -147,7 +152,7 @@ QuantRows& rows_for(int64_t M, int64_t K) {
   thread_local QuantRows r;
   const int64_t nb = K / BLOCK;
   r.q.resize(M * K), r.d.resize(M * nb), r.sum.resize(M * nb), r.isum.resize(M * nb);
-  r.pairs.resize(2 * M * nb), r.halves.resize(2 * M * nb);
+  r.pairs.resize(lowbit::PAIRS * M * nb), r.halves.resize(2 * M * nb);
   r.nblocks = nb, r.rows = M;
   return r;
 }
@@ -168,7 +173,7 @@ void quantize_range(const float* x, QuantRows& r, int64_t i0, int64_t i1, int pe
     for (int j = 0; j < per; ++j) {
       const int64_t o = (g * per + j) * M + m;  // block-major
       quantize_block(v + j * BLOCK, amax, r.q.data() + o * BLOCK, r.d[o], r.sum[o], r.isum[o],
-                     r.pairs.data() + 2 * o, r.halves.data() + 2 * o);
+                     r.pairs.data() + lowbit::PAIRS * o, r.halves.data() + 2 * o);
     }
     if (++g == groups) g = 0, ++m;
   }
@@ -249,6 +254,12 @@ struct Q4K : lowbit::Q4KLayout {
   }
 };
 
+// q5's 8 steps run in 16-bit sums that may wrap: a lane's true sum of 16 products q x is up to
+// 16 * 31 * 127, past int16, but less 16 times x's sums over those inputs (`pairs`, entry 2) it
+// is the sum of (q - 16) x, |.| <= 16 * 16 * 127, which fits, so wrapping arithmetic gives it
+// exactly, and one madd widens a row's block. (Summing 4 steps per 16-bit sum took two madds a
+// row and block; the multiplies are what bind AVX2 rows, and on a Zen 1 a 256-bit madd holds
+// its one multiplier pipe 2 cycles, as a maddubs does.)
 struct Q5 : lowbit::Q5Layout {
   template <int I, int R>
   static LOWBIT_INLINE void pair(const uint8_t* rec, __m256i plane, const XRows& x,
@@ -261,23 +272,22 @@ struct Q5 : lowbit::Q5Layout {
   static LOWBIT_INLINE void dots(const uint8_t* rec, int64_t, const XRows& x, const int64_t* idx,
                                  __m256i* d) {
     const __m256i plane = load(rec + PLANE), ones = _mm256_set1_epi16(1);
-    __m256i s[R], t[R];
-    for (int r = 0; r < R; ++r) s[r] = t[r] = _mm256_setzero_si256();
-    // 4 steps of 2 products <= 31 * 127 fit 16 bits: two halves, widened separately
+    __m256i s[R];
+    for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_si256();
     pair<0, R>(rec, plane, x, idx, s);
     pair<1, R>(rec, plane, x, idx, s);
-    pair<2, R>(rec, plane, x, idx, t);
-    pair<3, R>(rec, plane, x, idx, t);
-    for (int r = 0; r < R; ++r) {  // q5's -16: dot - 16 sum(q_x), exact (|dot| < 2^24)
-      d[r] = _mm256_add_epi32(_mm256_madd_epi16(s[r], ones), _mm256_madd_epi16(t[r], ones));
-      d[r] = _mm256_sub_epi32(d[r], _mm256_set1_epi32(offset * x.isum[idx[r]]));
+    pair<2, R>(rec, plane, x, idx, s);
+    pair<3, R>(rec, plane, x, idx, s);
+    for (int r = 0; r < R; ++r) {
+      const __m256i off = _mm256_set1_epi32(x.pairs[lowbit::PAIRS * idx[r] + 2]);
+      d[r] = _mm256_madd_epi16(_mm256_sub_epi16(s[r], off), ones);
     }
   }
 };
 
 // Step S's weights (q, 0..63, unsigned as maddubs wants them) times R rows of x, added into
 // 16-bit sums. A product pair is <= 2 * 63 * 127 (no saturation); four steps' sums may wrap,
-// but once q6's offset is taken off (q6_offsets) the true value, |sum((q - 32) x)| <=
+// but once q6's offset is taken off (x_offsets) the true value, |sum((q - 32) x)| <=
 // 8 * 32 * 127, fits 16 bits, so wrapping arithmetic gives it exactly.
 template <int S, int R>
 LOWBIT_INLINE void q6_step(__m256i nib, __m256i plane, const XRows& x, const int64_t* idx,
@@ -308,7 +318,8 @@ struct Q6 : lowbit::Q6Layout {
     const __m256i v = Y::i8(rec + SUBSCALES + TILE * H, 0);
     const __m256i sc = _mm256_blend_epi16(v, _mm256_slli_epi32(v, 16), 0xAA);
     for (int r = 0; r < R; ++r) {
-      const __m256i off = _mm256_set1_epi32(x.pairs[2 * idx[r] + H]);  // 32 * x's pair sums
+      // 32 times x's pair sums
+      const __m256i off = _mm256_set1_epi32(x.pairs[lowbit::PAIRS * idx[r] + H]);
       d[r] = _mm256_add_epi32(d[r], _mm256_madd_epi16(_mm256_sub_epi16(s[r], off), sc));
     }
   }

@@ -35,6 +35,9 @@ constexpr int64_t SCALES = TILE * 2;  // bytes of one float16 field of a record
 // one row took 9.3-9.5 ms on a Zen 5, at 4.6-9.2 KB 7.8-8.0 (interleaved runs, 2 threads).
 constexpr int64_t PREFETCH = 8192;
 
+// AVX2's int16-pair offsets per block of x (x_offsets in lowbit.cpp): q6's two halves, then q5's
+constexpr int64_t PAIRS = 3;
+
 // x quantized per row in blocks of 32 (quantize_range in lowbit.cpp), as plain pointers.
 // Block-major: block b of row m is entry b * rows + m of every array (`at`), so a group's
 // rows of one block sit side by side and the walk reaches them from one pointer at fixed
@@ -45,8 +48,8 @@ struct XRows {
   const int8_t* q;       // [K/32, M, 32]: x ~ d * q
   const float* d;        // [K/32, M]
   const float* sum;      // d * sum(q) per block: q4's low term
-  const int32_t* isum;   // sum(q) per block: q5's offset term (and VNNI q8's)
-  const int32_t* pairs;  // [K/32, M, 2]: AVX2 q6's offset per 16 inputs (q6_offsets)
+  const int32_t* isum;   // sum(q) per block: VNNI q5's and q8's offset terms
+  const int32_t* pairs;  // [K/32, M, PAIRS]: AVX2 q6's offsets per 16 inputs, q5's (x_offsets)
   const int32_t* halves;  // [K/32, M, 2]: VNNI q6's, -32 sum(q) per 16 inputs
   int64_t nblocks, rows;
   // the index of row m's block b
