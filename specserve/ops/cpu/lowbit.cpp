@@ -73,7 +73,7 @@ namespace {
 
 using lowbit::SCALES;
 
-// x quantized per row in blocks of 32: x ~ d * q; `isum` = sum(q), for q5's and VNNI q8's
+// x quantized per row in blocks of 32: x ~ d * q; `isum` = sum(q), for VNNI q5's and q8's
 // offsets, and `sum` = d * sum(q), for q4's low term; `pairs`, AVX2 q6's and q5's (x_offsets).
 // Buffers are per calling thread and reused, so a call allocates nothing but y.
 struct QuantRows {
