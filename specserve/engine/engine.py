@@ -1,9 +1,18 @@
-"""Engine: the one loop. Schedule, draft, one target forward, verify, commit, feed back, emit."""
+"""Engine: the one loop. Schedule, draft, one target forward, verify, commit, feed back, emit.
+
+Isolation: an exception while drafting costs the step its drafts (drafts never change the
+output); one while sampling, verifying or constraining a request fails that request alone.
+Only a failed forward touches its whole batch: each of its requests is recomputed once
+from its prompt, and fails if it is in a failed forward again.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
 
@@ -26,6 +35,17 @@ from specserve.spec.base import Draft, DraftRequest, Speculator
 from specserve.spec.cost import ForwardCost
 from specserve.spec.verify import VerifyResult, verify_greedy, verify_slot
 
+log = logging.getLogger("specserve.engine")
+T = TypeVar("T")
+
+
+def checked(result: VerifyResult, vocab: int) -> VerifyResult:
+    """A sampler that drew an id outside the vocabulary is a bug to fail on here, in its
+    own request, not in the next forward that every slot shares."""
+    if not all(0 <= t < vocab for t in result.tokens):
+        raise ValueError(f"sampled token ids {result.tokens} outside the vocabulary ({vocab})")
+    return result
+
 
 @dataclass
 class StepOutput:
@@ -35,6 +55,7 @@ class StepOutput:
     tokens: list[int]
     finished: bool
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per token, if asked
+    error: Exception | None = None  # the request failed (finished, with no tokens)
 
 
 class Engine:
@@ -96,7 +117,11 @@ class Engine:
         rows = sum(len(w.tokens) for w in work)
         threads = self.threads.pick(rows) if self.threads else 0
         t0 = time.perf_counter()
-        logits = self.runner.forward(work)
+        try:
+            logits = self.runner.forward(work)
+        except Exception as e:
+            batch = [r for r, _, _ in plan.prefill] + plan.decode
+            return self._recompute_or_fail(batch, e)
         seconds = time.perf_counter() - t0
         if self._measures_verify_cost(plan, rows, threads):
             self.cost.record(rows, seconds)
@@ -104,20 +129,22 @@ class Engine:
             self.threads.record(rows, threads, seconds)
         n_pre = len(plan.prefill)
         out = [
-            self._after_prefill(r, c, lg)
+            self._isolated(r, self._after_prefill, r, c, lg)
             for (r, c, _), lg in zip(plan.prefill, logits[:n_pre], strict=True)
         ]
         verified = list(zip(plan.decode, drafts, logits[n_pre:], strict=True))
-        results = [self._sample(req, lg, d) for req, d, lg in verified]
+        results = [self._isolated(req, self._sample, req, lg, d) for req, d, lg in verified]
         # keep each slot's last token and its accepted drafts; the new token is fed next step
         self.runner.commit(
             {
                 req.slot: len(req.context) + v.accepted
                 for (req, _, _), v in zip(verified, results, strict=True)
+                if isinstance(v, VerifyResult)
             }
         )
         out += [
-            self._accept(req, d, v, lg) for (req, d, lg), v in zip(verified, results, strict=True)
+            v if isinstance(v, StepOutput) else self._isolated(req, self._accept, req, d, v, lg)
+            for (req, d, lg), v in zip(verified, results, strict=True)
         ]
         return [o for o in out if o is not None]
 
@@ -161,7 +188,11 @@ class Engine:
             )
             for r, n in zip(wanted, limits, strict=True)
         ]
-        made = iter(self.speculator.draft(asks))
+        try:
+            made = iter(self.speculator.draft(asks))
+        except Exception:
+            log.exception("drafting failed: this step verifies no drafts")
+            return [Draft() for _ in decoding]
         return [next(made) if r.spec.n_max > 0 else Draft() for r in decoding]
 
     def _work(self, plan: StepPlan, drafts: list[Draft]) -> list[SlotInput]:
@@ -178,12 +209,14 @@ class Engine:
     ) -> StepOutput | None:
         """logits: [1, V] after the prompt's last chunk, [0, V] after an earlier one."""
         req.n_prefilled += len(chunk)
-        if req.n_prefilled < len(req.prompt):
+        if req.n_prefilled < len(req.prefill_ids):
             return None
         req.status = Status.DECODE
-        req.timings.t_first = time.perf_counter()
         if self.speculator is not None:
-            self.speculator.begin(req.slot, req.prompt)
+            self.speculator.begin(req.slot, req.prefill_ids, req.cache_salt)
+        if req.output:  # a recomputed request: its newest token is fed next step
+            return None
+        req.timings.t_first = time.perf_counter()
         return self._emit(req, self._sample(req, logits, Draft()).tokens, logits)
 
     def _emit(self, req: Request, tokens: list[int], rows: torch.Tensor) -> StepOutput:
@@ -223,15 +256,48 @@ class Engine:
         if req.constraint is not None:
             probs = None if req.params.greedy else probs_from_logits(logits, req.params)
             position = len(req.context)
-            return verify_constrained(
+            result = verify_constrained(
                 req.constraint, logits, probs, draft.tokens, req.seed, position
             )
+            return checked(result, logits.shape[-1])
         if req.params.greedy:
             # what the one-hot rows of probs_from_logits reduce to, without a softmax and
             # a vocabulary-wide CDF per row
             return verify_greedy(logits, draft.tokens)
         probs = probs_from_logits(logits, req.params)
-        return verify_slot(probs, draft, req.seed, len(req.context))
+        return checked(verify_slot(probs, draft, req.seed, len(req.context)), logits.shape[-1])
+
+    def _isolated(self, req: Request, fn: Callable[..., T], *args: Any) -> T | StepOutput:
+        """fn(*args), or, if it raises, the request failed alone (its slot freed)."""
+        try:
+            return fn(*args)
+        except Exception as e:
+            return self._fail(req, e)
+
+    def _fail(self, req: Request, error: Exception) -> StepOutput:
+        log.error("request %d failed: %s: %s", req.id, type(error).__name__, error, exc_info=error)
+        if not req.finished:
+            self._finish(req, "error")
+        return StepOutput(req, [], True, error=error)
+
+    def _recompute_or_fail(self, batch: list[Request], error: Exception) -> list[StepOutput]:
+        """A forward failed: no slot of its batch can be trusted. Each request goes back to
+        the queue to be recomputed from its tokens (the same tokens follow: randomness is
+        keyed by position), alone in its first forward, so a request that breaks forwards
+        fails on its own; one that was recomputed already fails now."""
+        log.error("a forward of %d requests failed", len(batch), exc_info=error)
+        failed = []
+        for req in batch:
+            if req.recomputed:
+                failed.append(self._fail(req, error))
+                continue
+            self.runner.free(req.slot)
+            self.prompts.keep(req.slot, [])
+            self.budget.reset(req.slot)
+            if self.speculator is not None:
+                self.speculator.reset(req.slot)
+            self.scheduler.recompute(req)
+        return failed
 
     def generate(self, requests: list[Request]) -> list[Request]:
         """Run requests to completion (offline use: CLI, tests, benchmarks)."""
@@ -257,7 +323,8 @@ class Engine:
         req.timings.t_end = time.perf_counter()
         self.scheduler.finish(req)
         self.runner.retire(req.slot)
-        self.prompts.keep(req.slot, req.context)
+        # a failed request's slot may hold half-written state: nothing of it is reused
+        self.prompts.keep(req.slot, [] if reason == "error" else req.context, req.cache_salt)
         self.budget.reset(req.slot)
         if self.speculator is not None:
             self.speculator.reset(req.slot)

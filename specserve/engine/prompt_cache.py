@@ -11,6 +11,9 @@ prefill too. Reuse is exact where a token's state does not depend on how it was 
 Attention KV is kept to any length; recurrent state only to a point it can be restored to
 (the slot's end, its checkpoint or a snapshot; cache/memory.py `restorable`), which is
 exactly where a follow-up turn starts: after the previous answer.
+
+Tenants: a prefix is reused only by a request with the same `salt` (vLLM's `cache_salt`),
+so neither its speed nor `cached_tokens` tells one tenant what another's prompts were.
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ class PromptCache:
         self.memory = memory
         self.enabled = enabled
         self._held: dict[int, list[int]] = {}  # free slot -> the tokens its memory holds
+        self._salts: dict[int, str | None] = {}  # free slot -> the salt of who left them
 
-    def keep(self, slot: int, context: Sequence[int]) -> None:
+    def keep(self, slot: int, context: Sequence[int], salt: str | None = None) -> None:
         """A request left `slot`: hold as much of its context as the memory can return to.
 
         The memory may hold less than the context (the newest token is never fed) or more
@@ -46,15 +50,19 @@ class PromptCache:
         n = self.memory.restorable(slot, n)
         self._settle(slot, n)
         self._held[slot] = list(context[:n])
+        self._salts[slot] = salt
 
-    def take(self, free: Sequence[int], prompt: Sequence[int], use: bool = True) -> tuple[int, int]:
+    def take(
+        self, free: Sequence[int], prompt: Sequence[int], use: bool = True, salt: str | None = None
+    ) -> tuple[int, int]:
         """(slot, n): the free slot to run `prompt` in, prepared to keep the n prompt tokens
         that need no prefill and to forget the rest.
 
         The slot is the one holding the longest reusable prefix; else an unused slot (in
         `free`'s pop order), else the one freed longest ago, so recent conversations keep
         their prefixes for their next turn."""
-        usable = {s: self._usable(s, prompt) for s in free} if use and self.enabled else {}
+        mine = [s for s in free if self._salts.get(s) == salt]
+        usable = {s: self._usable(s, prompt) for s in mine} if use and self.enabled else {}
         slot = max(usable, key=usable.__getitem__, default=-1)
         n = usable.get(slot, 0)
         if n == 0:

@@ -49,11 +49,17 @@ class Timings:
     t_start: float = field(default_factory=time.perf_counter)
     t_first: float | None = None
     t_end: float | None = None
+    t_admitted: float | None = None  # when it first got a slot (queue time = this - t_start)
     prompt_n: int = 0  # prompt tokens prefilled (llama.cpp's: the cached ones not counted)
     cache_n: int = 0  # prompt tokens whose state the slot already held (prompt cache)
     predicted_n: int = 0
     draft_n: int = 0
     draft_n_accepted: int = 0
+
+    def admitted(self) -> None:
+        """The scheduler gave it a slot; a recomputed request keeps its first admission."""
+        if self.t_admitted is None:
+            self.t_admitted = time.perf_counter()
 
     def as_dict(self) -> dict[str, float | int]:
         first = self.t_first or time.perf_counter()
@@ -90,15 +96,24 @@ class Request:
     slot: int = -1
     n_prefilled: int = 0
     cache_prompt: bool = True  # may start after a prefix its slot still holds
+    # the tenant: prefixes and speculators' cross-request tables are shared within one only
+    cache_salt: str | None = None
     prediction: list[int] = field(default_factory=list)  # expected output (a draft source)
     constraint: JsonConstraint | None = None  # JSON mode: the grammar its output follows
     seed: int = 0
+    recomputed: bool = False  # its slot was lost once (a failed forward) and rebuilt
     timings: Timings = field(default_factory=Timings)
 
     @property
     def context(self) -> list[int]:
         """Prompt + output; the last output token is not yet in the model's memory."""
         return self.prompt + self.output
+
+    @property
+    def prefill_ids(self) -> list[int]:
+        """What its slot must hold before it decodes: the prompt, or, when a lost slot is
+        recomputed, the context less the newest token (fed by the next decode step)."""
+        return self.prompt + self.output[:-1]
 
     @property
     def finished(self) -> bool:

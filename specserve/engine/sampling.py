@@ -35,6 +35,12 @@ import torch
 from specserve.engine.logprobs import MAX_TOP_LOGPROBS
 from specserve.spec.verify import Stream, argmax_rows, position_uniforms, sample_from_probs
 
+# below these, x / temperature overflows and top_p's mass comparison underflows
+MIN_TEMPERATURE = 1e-5
+MIN_TOP_P = 1e-6
+# larger than any vocabulary, small enough for an int64 tensor
+MAX_TOP_K = 1 << 31
+
 __all__ = [
     "SamplingParams",
     "apply_logit_bias",
@@ -76,6 +82,7 @@ class SamplingParams:
     logprobs: int | None = None
 
     def __post_init__(self) -> None:
+        self._normalise()
         self.stop_token_ids = tuple(self.stop_token_ids)
         self.logit_bias = dict(self.logit_bias)
         bias = self.logit_bias
@@ -104,6 +111,16 @@ class SamplingParams:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+
+    def _normalise(self) -> None:
+        """Values that are legal but would make the arithmetic fail become their limit (as
+        vLLM does): a temperature too small to divide by is greedy, a top_p too small to
+        compare with is the most likely token alone, a huge top_k is "all"."""
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            self.temperature = 0.0
+        if 0 < self.top_p < MIN_TOP_P:
+            self.top_p = MIN_TOP_P
+        self.top_k = min(self.top_k, MAX_TOP_K)
 
     @property
     def greedy(self) -> bool:
@@ -188,12 +205,23 @@ def probs_from_logits(
         floor = x.max(dim=-1, keepdim=True).values + min_p.log()[:, None]
         x = x.masked_fill(x < floor, -math.inf)
     probs = torch.softmax(x, dim=-1)
+    _argmax_where_no_mass(probs, logits)
     greedy_rows = [n for n, p in enumerate(rows) if p.greedy]
     if greedy_rows:
         g = torch.tensor(greedy_rows, dtype=torch.long, device=x.device)
         one_hot = torch.zeros_like(probs[g]).scatter_(-1, x[g].argmax(-1, keepdim=True), 1.0)
         probs[g] = one_hot
     return probs
+
+
+def _argmax_where_no_mass(probs: torch.Tensor, logits: torch.Tensor) -> None:
+    """Rows of probs [N, V] without a finite positive mass (NaN or inf logits, or a
+    filter's overflow) become one-hot on the raw logits' argmax, NaN counted as -inf: a
+    sampler fed NaN would draw an id past the vocabulary."""
+    bad = ~(torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0))
+    if bool(bad.any()):
+        raw = torch.nan_to_num(logits[bad].to(probs.dtype), nan=-math.inf)
+        probs[bad] = torch.zeros_like(raw).scatter_(-1, raw.argmax(-1, keepdim=True), 1.0)
 
 
 def greedy(logits: torch.Tensor) -> list[int]:
@@ -215,7 +243,7 @@ def sample(probs: torch.Tensor, seeds: Sequence[int], positions: Sequence[int]) 
 def _top_k_top_p_mask(x: torch.Tensor, rows: Sequence[SamplingParams]) -> torch.Tensor:
     """x: [N, V] scaled logits -> [N, V] bool, True where top-k or top-p drops a token."""
     n, v = x.shape
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else v for p in rows], device=x.device)
+    top_k = torch.tensor([min(p.top_k, v) if p.top_k > 0 else v for p in rows], device=x.device)
     top_p = torch.tensor([p.top_p for p in rows], dtype=x.dtype, device=x.device)
     # stable, so ties at the boundary are broken by token id, the same way every time
     sorted_x, order = x.sort(dim=-1, descending=True, stable=True)

@@ -42,23 +42,38 @@ class Scheduler:
             self._admit(self.waiting.popleft())
         plan = StepPlan([], [])
         budget = self.prefill_chunk  # prompt tokens per step, shared by prefilling slots
-        for req in self.running:
+        # a recomputed request's first forward runs alone, so one that breaks forwards
+        # fails without taking its batch-mates along again
+        alone = [r for r in self.running if r.recomputed and r.n_prefilled == 0]
+        for req in alone[:1] or self.running:
             if req.status is Status.DECODE:
                 plan.decode.append(req)
             elif budget > 0:
+                ids = req.prefill_ids
                 start = req.n_prefilled
-                chunk = req.prompt[start : start + budget]
+                chunk = ids[start : start + budget]
                 budget -= len(chunk)
-                plan.prefill.append((req, chunk, start + len(chunk) == len(req.prompt)))
+                plan.prefill.append((req, chunk, start + len(chunk) == len(ids)))
         return plan
 
     def _admit(self, req: Request) -> None:
-        req.slot, req.n_prefilled = self.cache.take(self.free_slots, req.prompt, req.cache_prompt)
+        ids = req.prefill_ids
+        use_cache = req.cache_prompt and not req.recomputed
+        req.slot, req.n_prefilled = self.cache.take(self.free_slots, ids, use_cache, req.cache_salt)
         self.free_slots.remove(req.slot)
-        req.timings.cache_n = req.n_prefilled
-        req.timings.prompt_n = len(req.prompt) - req.n_prefilled
+        if not req.recomputed:
+            req.timings.cache_n = req.n_prefilled
+            req.timings.prompt_n = len(ids) - req.n_prefilled
         req.status = Status.PREFILL
+        req.timings.admitted()
         self.running.append(req)
+
+    def recompute(self, req: Request) -> None:
+        """Its slot was lost: free it, and queue the request first to be rebuilt."""
+        self.running.remove(req)
+        self.free_slots.append(req.slot)
+        req.recomputed, req.n_prefilled, req.status = True, 0, Status.WAITING
+        self.waiting.appendleft(req)
 
     def finish(self, req: Request) -> None:
         req.status = Status.FINISHED
