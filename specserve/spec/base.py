@@ -2,7 +2,7 @@
 
 Shape of the protocol (after llama.cpp's common/speculative.h):
 
-    spec.begin(slot, prompt)            # a slot starts a new sequence
+    spec.begin(slot, prompt, tenant)    # a slot starts a new sequence (of tenant's: tenants.py)
     drafts = spec.draft(requests)       # one DraftRequest per decoding slot -> one Draft each
     spec.accept(slot, n_accepted)       # how many of that slot's last draft the target kept
     spec.reset(slot)                    # the slot is freed
@@ -169,14 +169,22 @@ class Speculator:
         # and counted
         self._last: dict[int, tuple[int, int]] = {}
         self._explored = 0  # asks made against the estimate, to learn the rates (EXPLORE)
+        self._tenants: dict[int, str | None] = {}  # slot -> whose sequence it holds
 
     # drafting cost per token, in target forwards (a draft model's forward vs the target's)
     relative_cost: float = 0.0
 
-    def begin(self, slot: int, prompt: Sequence[int]) -> None:
+    def begin(self, slot: int, prompt: Sequence[int], tenant: str | None = None) -> None:
         self._last.pop(slot, None)
         self.rates.forget(slot)
+        if slot in self._tenants:  # reused without reset(): its last sequence ends as its own
+            self._reset(slot)
+        self._tenants[slot] = tenant
         self._begin(slot, prompt)
+
+    def tenant(self, slot: int) -> str | None:
+        """Whose sequence the slot holds (the request's cache_salt; None: the default)."""
+        return self._tenants.get(slot)
 
     def serves(self, types: tuple[str, ...] | None) -> bool:
         """Whether a request that allows `types` may get this speculator's drafts."""
@@ -282,6 +290,7 @@ class Speculator:
         self._last.pop(slot, None)
         self.rates.forget(slot)
         self._reset(slot)
+        self._tenants.pop(slot, None)
 
     # hooks -------------------------------------------------------------------------------
     def _begin(self, slot: int, prompt: Sequence[int]) -> None:

@@ -50,7 +50,7 @@ class ChainSpeculator(Speculator):
 
     def _begin(self, slot: int, prompt: Sequence[int]) -> None:
         for s in self.children:
-            s.begin(slot, prompt)
+            s.begin(slot, prompt, self.tenant(slot))
 
     def _reset(self, slot: int) -> None:
         self._chosen.pop(slot, None)

@@ -41,6 +41,7 @@ import numpy as np
 
 from specserve.spec.base import Draft, DraftRequest, Speculator
 from specserve.spec.ngram import check_positive
+from specserve.spec.tenants import PerTenant
 
 # n-gram -> {next token: times seen}; dicts keep insertion order, which breaks ties
 NgramCounts = dict[tuple[int, ...], dict[int, int]]
@@ -260,8 +261,13 @@ class NgramCacheSpeculator(Speculator):
         if static_path is not None:
             static_tokens = load_token_file(static_path)
         self.static: NgramCounts = build_static_cache(static_tokens or [])
-        self.dynamic: NgramCounts = {}
+        self._dynamic: PerTenant[NgramCounts] = PerTenant(dict)  # kept apart per tenant
         self._slots: dict[int, _SlotCache] = {}
+
+    @property
+    def dynamic(self) -> NgramCounts:
+        """The default tenant's dynamic cache."""
+        return self._dynamic[None]
 
     def _begin(self, slot: int, prompt: Sequence[int]) -> None:
         self._learn(slot)  # a slot reused without reset() finished its previous sequence
@@ -276,11 +282,12 @@ class NgramCacheSpeculator(Speculator):
         state = self._slots.pop(slot, None)
         if state is None:
             return
-        ngram_cache_merge(self.dynamic, state.cache)
-        excess = len(self.dynamic) - self.max_dynamic_ngrams
+        dynamic = self._dynamic[self.tenant(slot)]
+        ngram_cache_merge(dynamic, state.cache)
+        excess = len(dynamic) - self.max_dynamic_ngrams
         if excess > 0:  # dicts iterate in insertion order: the earliest learned come first
-            for ngram in list(islice(self.dynamic, excess)):
-                del self.dynamic[ngram]
+            for ngram in list(islice(dynamic, excess)):
+                del dynamic[ngram]
 
     def _draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         drafts = []
@@ -294,7 +301,7 @@ class NgramCacheSpeculator(Speculator):
                 state.tokens,
                 min(self.n_max, req.n_max),
                 state.cache,
-                self.dynamic,
+                self._dynamic[self.tenant(req.slot)],
                 self.static,
                 self.ngram_min,
                 self.ngram_max,

@@ -8,9 +8,10 @@ After llama.cpp's common/ngram-mod.{h,cpp} and its `ngram-mod` speculator (PR #1
 - a draft starts from the context's last n_match tokens, looks up the next token, slides
   the window over it and repeats, up to n_max tokens; a chain that breaks before n_min
   tokens gives no draft;
-- the table is shared by all slots, so requests learn from each other; it is cleared when
-  more than a quarter of it is in use at a slot's begin(), or after 5 drafts in a row of
-  one slot had fewer than a quarter of their tokens accepted.
+- the table is shared by all slots of a tenant (spec/tenants.py), so their requests learn
+  from each other; it is cleared when more than a quarter of it is in use at a slot's
+  begin(), or after 5 drafts in a row of one slot had fewer than a quarter of their tokens
+  accepted.
 
 Differences from llama.cpp: a low round is judged against the draft length the engine was
 really proposed (after n_max clipping; llama.cpp uses the length before its server clips),
@@ -29,6 +30,7 @@ import numpy as np
 
 from specserve.spec.base import Draft, DraftRequest, slot_state
 from specserve.spec.ngram import Speculator, check_positive
+from specserve.spec.tenants import PerTenant
 
 _MULT = 6364136223846793005  # llama.cpp's hash multiplier (Knuth's MMIX LCG constant)
 _MASK = (1 << 64) - 1
@@ -37,6 +39,7 @@ ADD_EVERY = 32  # a slot's new n-grams are added once it is this many tokens ahe
 MAX_OCCUPANCY = 0.25  # begin() clears the table when more of it is in use [llama.cpp]
 LOW_ACCEPT = 0.25  # a draft with a smaller accepted fraction counts as a low round [llama.cpp]
 LOW_ROUNDS = 5  # this many low rounds in a row of one slot clear the table [llama.cpp]
+MAX_TABLES = 4  # tenants whose tables are kept at once (spec/tenants.py)
 
 
 class NgramHashTable:
@@ -175,18 +178,29 @@ class NgramMod(Speculator):
         if isinstance(n_min, bool) or not isinstance(n_min, int) or not 0 <= n_min <= n_max:
             raise ValueError(f"n_min must be an integer in [0, n_max={n_max}], got {n_min!r}")
         self.n_match, self.n_min, self.n_max = n_match, n_min, n_max
-        self.table = NgramHashTable(n_match, table_size)
+        # one table per tenant (spec/tenants.py), fewer kept than other speculators' state:
+        # each is table_size buckets whether used or not
+        self._tables = PerTenant(lambda: NgramHashTable(n_match, table_size), MAX_TABLES)
         self._seqs: dict[int, _SeqInfo] = {}
+
+    @property
+    def table(self) -> NgramHashTable:
+        """The default tenant's table."""
+        return self._tables[None]
+
+    def _table(self, slot: int) -> NgramHashTable:
+        return self._tables[self.tenant(slot)]
 
     def _begin(self, slot: int, prompt: Sequence[int]) -> None:
         super()._begin(slot, prompt)
         info = self._seqs[slot] = _SeqInfo()
         if len(prompt) < self.n_match:
             return
-        self.table.add(prompt, 0, len(prompt) - self.n_match)
+        table = self._table(slot)
+        table.add(prompt, 0, len(prompt) - self.n_match)
         info.i_last = len(prompt) - self.n_match
-        if self.table.occupancy > MAX_OCCUPANCY:  # a crowded table mostly returns collisions
-            self.table.reset()
+        if table.occupancy > MAX_OCCUPANCY:  # a crowded table mostly returns collisions
+            table.reset()
 
     def _reset(self, slot: int) -> None:
         super()._reset(slot)
@@ -201,12 +215,13 @@ class NgramMod(Speculator):
         cur_len = len(tokens) - 1  # llama.cpp's history excludes the newest token
         if cur_len < n:
             return []
+        table = self._table(req.slot)
         if info.i_last + ADD_EVERY < cur_len:  # in chunks: hashing is cheaper in bulk
-            self.table.add(tokens, info.i_last, cur_len - n)
+            table.add(tokens, info.i_last, cur_len - n)
             info.i_last = max(info.i_last, cur_len - n)
         # the base class clips to req.n_max; chaining past it (but not below n_min) is wasted
         limit = min(self.n_max, max(req.n_max, self.n_min))
-        draft = self.table.chain(tokens[len(tokens) - n :], limit)
+        draft = table.chain(tokens[len(tokens) - n :], limit)
         return draft if len(draft) >= self.n_min else []
 
     def _accept(self, slot: int, n_accepted: int, n_proposed: int) -> None:
@@ -216,6 +231,6 @@ class NgramMod(Speculator):
             return
         info.n_low += 1
         if info.n_low >= LOW_ROUNDS:  # the table has gone stale for this slot: start afresh
-            self.table.reset()
+            self._table(slot).reset()
             info.n_low = 0
             info.i_last = 0  # re-add this slot's context at its next draft

@@ -3,8 +3,8 @@
 After Oliaro et al., "SuffixDecoding" (arXiv 2411.04975) and the linear speculation of its
 vLLM / ArcticInference implementation. Two indexes of token sequences:
 - a request tree over the slot's own context (prompt + emitted tokens), grown every step;
-- a global tree over the outputs of earlier requests, fed when a slot is reset, shared by
-  all slots and bounded (`max_global_tokens`).
+- a global tree over the outputs of earlier requests of the same tenant (spec/tenants.py),
+  fed when a slot is reset, shared by all slots and bounded (`max_global_tokens`).
 
 Drafting, per slot and step, in each tree:
 1. pattern: the longest suffix of the context, p <= max_depth tokens, that occurs in the
@@ -46,6 +46,7 @@ from collections.abc import Sequence
 from specserve.spec.base import Draft, DraftRequest, Speculator
 from specserve.spec.ngram import check_positive
 from specserve.spec.suffix_trie import Cursor, SuffixTrie
+from specserve.spec.tenants import PerTenant
 
 _EPS = 1e-6  # alpha * p is floored; keep 0.1 * 30 = 3, not 2.9999
 # a draft's tier (Draft.tier: acceptance is learnt per tier) is the length of the match it
@@ -171,6 +172,28 @@ class _Request:
         return self.tokens[self.prompt_len :]
 
 
+class _GlobalTree:
+    """One tenant's earlier outputs, as a trie, oldest first, at most `cap` tokens."""
+
+    def __init__(self, depth: int, cap: int) -> None:
+        self.trie = SuffixTrie(depth)
+        self.cap = cap
+        self.outputs: deque[array[int]] = deque()  # 4 bytes a token, not a list's ~40
+        self.tokens = 0
+
+    def learn(self, output: Sequence[int]) -> None:
+        seq = array("i", output[max(0, len(output) - self.cap) :]) if self.cap else array("i")
+        if not seq:
+            return
+        while self.tokens + len(seq) > self.cap:  # forget the oldest outputs
+            old = self.outputs.popleft()
+            self.tokens -= len(old)
+            self.trie.remove(old)
+        self.outputs.append(seq)
+        self.tokens += len(seq)
+        self.trie.add(seq)
+
+
 class SuffixSpeculator(Speculator):
     """`suffix`: SuffixDecoding over each slot's context and the outputs of earlier requests.
 
@@ -206,24 +229,18 @@ class SuffixSpeculator(Speculator):
         self.max_depth, self.alpha, self.min_token_prob = max_depth, alpha, min_token_prob
         self.max_global_tokens = max_global_tokens
         self._depth = max_depth + 1  # a pattern and the token that follows it
-        self.global_trie = SuffixTrie(self._depth)
-        self._outputs: deque[array[int]] = deque()  # 4 bytes a token, not a list's ~40
-        self.global_tokens = 0
+        self._global = PerTenant(lambda: _GlobalTree(self._depth, max_global_tokens))
         self._requests: dict[int, _Request] = {}
 
-    def learn(self, output: Sequence[int]) -> None:
-        """Add an output to the global tree (done at reset; public to warm the tree up)."""
-        cap = self.max_global_tokens
-        seq = array("i", output[max(0, len(output) - cap) :]) if cap else array("i")
-        if not seq:
-            return
-        while self.global_tokens + len(seq) > cap:  # forget the oldest outputs
-            old = self._outputs.popleft()
-            self.global_tokens -= len(old)
-            self.global_trie.remove(old)
-        self._outputs.append(seq)
-        self.global_tokens += len(seq)
-        self.global_trie.add(seq)
+    @property
+    def global_tokens(self) -> int:
+        """Output tokens in the default tenant's global tree."""
+        return self._global[None].tokens
+
+    def learn(self, output: Sequence[int], tenant: str | None = None) -> None:
+        """Add an output to the tenant's global tree (done at reset; public to warm the
+        tree up)."""
+        self._global[tenant].learn(output)
 
     def _begin(self, slot: int, prompt: Sequence[int]) -> None:
         self._finish(slot)  # a slot reused without reset() finished its previous sequence
@@ -236,7 +253,7 @@ class SuffixSpeculator(Speculator):
     def _finish(self, slot: int) -> None:
         request = self._requests.pop(slot, None)
         if request is not None:
-            self.learn(request.output)
+            self.learn(request.output, self.tenant(slot))
 
     def _draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         drafts = []
@@ -246,10 +263,10 @@ class SuffixSpeculator(Speculator):
                 self._finish(req.slot)  # a new sequence without begin(): all of it is prompt
                 request = self._requests[req.slot] = _Request(self._depth, len(req.tokens))
             request.sync(req.tokens)
-            drafts.append(self._draft_one(request, req.n_max))
+            drafts.append(self._draft_one(request, req.n_max, self._global[self.tenant(req.slot)]))
         return drafts
 
-    def _draft_one(self, request: _Request, n_max: int) -> Draft:
+    def _draft_one(self, request: _Request, n_max: int, earlier: _GlobalTree) -> Draft:
         """The request tree's draft, or the global tree's if that scores higher."""
         window = request.tokens[max(0, len(request.tokens) - self.max_depth) :]
         best = Draft()
@@ -260,13 +277,11 @@ class SuffixSpeculator(Speculator):
             tokens, best_score = self._follow(request.trie, cursor, p, list(window), n_max)
             best = Draft(tokens, tier=_tier(p, False))
         # a draft's score is at most its length: skip the global tree when it cannot win
-        if not self.global_tokens or best_score >= min(
-            n_max, _max_spec(self.alpha, self.max_depth)
-        ):
+        if not earlier.tokens or best_score >= min(n_max, _max_spec(self.alpha, self.max_depth)):
             return best
-        found = self.global_trie.match(window, self.max_depth)
+        found = earlier.trie.match(window, self.max_depth)
         if found is not None and min(n_max, _max_spec(self.alpha, found[1])) > best_score:
-            tokens, score = self._follow(self.global_trie, *found, list(window), n_max)
+            tokens, score = self._follow(earlier.trie, *found, list(window), n_max)
             if score > best_score:
                 best = Draft(tokens, tier=_tier(found[1], True))
         return best
