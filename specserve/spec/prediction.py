@@ -80,17 +80,24 @@ class PredictionSpeculator(Speculator):
 
 def _realign(predicted: np.ndarray, recent: Sequence[int], after: int) -> tuple[int, int]:
     """(the index after the best match of `recent`'s tail in `predicted`, its length); the
-    longest tail wins, then the occurrence nearest at or after `after`. (0, 0): no match."""
+    longest tail wins, then the first occurrence at or after `after`, else the first. (0,
+    0): no match. Vectorised over the occurrences of the last token, so a prediction full
+    of it costs MAX_MATCH array passes, not a Python loop per occurrence."""
     if not recent:
         return 0, 0
     tail = np.asarray(recent, dtype=np.int64)
     ends = np.flatnonzero(predicted == tail[-1])  # where the last token occurs
-    best_len, best_end = 0, 0
-    for end in ends.tolist():
-        n = 1
-        while n < len(tail) and end - n >= 0 and predicted[end - n] == tail[-1 - n]:
-            n += 1
-        nearer = (end + 1 >= after) and (best_end + 1 < after or end < best_end)
-        if n > best_len or (n == best_len and nearer):
-            best_len, best_end = n, end
-    return (best_end + 1, best_len) if best_len else (0, 0)
+    if not len(ends):
+        return 0, 0
+    length = np.ones(len(ends), dtype=np.int64)
+    alive = np.ones(len(ends), dtype=bool)
+    for n in range(1, len(tail)):
+        before = ends - n
+        alive &= before >= 0
+        alive[alive] = predicted[before[alive]] == tail[-1 - n]
+        length += alive
+    best_len = int(length.max())
+    best = ends[length == best_len]
+    later = best[best + 1 >= after]
+    best_end = int(later[0] if len(later) else best[0])
+    return best_end + 1, best_len

@@ -80,3 +80,41 @@ def test_output_is_the_targets_whatever_the_prediction(target, types: str) -> No
     out, spec = _run(target, types, prompts, predictions)
     assert out == reference
     assert spec is not None and spec.stats.tokens_accepted > N_TOKENS  # most of 0 and 2
+
+
+def _realign_reference(predicted: list[int], recent: list[int], after: int) -> tuple[int, int]:
+    """The readable rule: every occurrence of the last token, its match length by walking
+    back; the longest wins, then the first at or after `after`, else the first."""
+    if not recent:
+        return 0, 0
+    found = []
+    for end, token in enumerate(predicted):
+        if token != recent[-1]:
+            continue
+        n = 1
+        while n < len(recent) and end - n >= 0 and predicted[end - n] == recent[-1 - n]:
+            n += 1
+        found.append((n, end))
+    if not found:
+        return 0, 0
+    best_len = max(n for n, _ in found)
+    ends = [end for n, end in found if n == best_len]
+    later = [end for end in ends if end + 1 >= after]
+    return (later or ends)[0] + 1, best_len
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_vectorised_realignment_equals_the_readable_rule(seed: int) -> None:
+    import random
+
+    import numpy as np
+
+    from specserve.spec.prediction import _realign
+
+    rng = random.Random(seed)
+    vocab = rng.choice([2, 3, 5])  # few distinct tokens: many occurrences and ties
+    predicted = [rng.randrange(vocab) for _ in range(rng.randrange(0, 60))]
+    recent = [rng.randrange(vocab) for _ in range(rng.randrange(0, MAX_MATCH + 1))]
+    after = rng.randrange(0, 70)
+    got = _realign(np.asarray(predicted, dtype=np.int64), recent, after)
+    assert got == _realign_reference(predicted, recent, after)
