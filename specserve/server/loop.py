@@ -31,6 +31,8 @@ from specserve.engine.logprobs import TokenLogprob
 from specserve.engine.request import Request
 from specserve.engine.threads import ComputeThread
 from specserve.errors import SpecserveError
+from specserve.server.health import DEFAULT_STALL_TIMEOUT, Health, warm_up
+from specserve.server.metrics import Latency
 from specserve.server.trim import BUSY_TRIM_S, release_freed_memory
 
 log = logging.getLogger("specserve.server")
@@ -44,7 +46,11 @@ class QueueFull(Exception):
 
 
 class EngineFailure(Exception):
-    """The engine failed while running a request, or is not running (a server error)."""
+    """The engine failed while running a request (500), or is not running (503)."""
+
+    def __init__(self, message: str, status: int = 500) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass
@@ -82,6 +88,7 @@ class Handle:
         self._aloop = aloop
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self._cancelled = False
+        self.t_last: float | None = None  # engine thread: its last delivery (Latency)
 
     def post(self, event: Event) -> None:
         """Engine thread: hand an event to the event loop."""
@@ -130,11 +137,16 @@ class EngineLoop:
     """Runs `engine.step()` in one background thread while any request is live.
 
     The thread is `compute`, the one that loaded the model when the server built it (see
-    ComputeThread for why); the loop closes it when it stops.
+    ComputeThread for why); the loop closes it when it stops. It warms the engine up before
+    its first step, and keeps `health` (server/health.py) for /health.
     """
 
     def __init__(
-        self, engine: Engine, max_queue: int, compute: ComputeThread | None = None
+        self,
+        engine: Engine,
+        max_queue: int,
+        compute: ComputeThread | None = None,
+        stall_timeout: float = DEFAULT_STALL_TIMEOUT,
     ) -> None:
         if max_queue < 0:
             raise SpecserveError(f"--max-queue must be >= 0, got {max_queue}")
@@ -142,6 +154,8 @@ class EngineLoop:
         self.num_slots = engine.runner.memory.num_slots
         self.capacity = self.num_slots + max_queue
         self.snapshot = Snapshot()
+        self.health = Health(stall_timeout)
+        self.latency = Latency()  # observed by the engine thread, exposed by /metrics
         self._inbox: queue.Queue[tuple[_Kind, Handle | None]] = queue.Queue()
         self.compute = compute or ComputeThread()
         self._done: Future[None] | None = None  # the running loop
@@ -160,6 +174,7 @@ class EngineLoop:
     def start(self) -> None:
         self._publish()
         self._done = self.compute.submit(self._run)
+        self._done.add_done_callback(self._exited)
 
     @property
     def alive(self) -> bool:
@@ -178,7 +193,7 @@ class EngineLoop:
     def submit(self, request: Request) -> Handle:
         """Queue a request for the engine; call from the event loop. Raises QueueFull."""
         if not self.alive:
-            raise EngineFailure("the engine is not running")
+            raise EngineFailure(self.health.error or "the engine is not running")
         if self._in_flight >= self.capacity:
             raise QueueFull(
                 f"all {self.num_slots} slots are busy and {self.capacity - self.num_slots} "
@@ -187,6 +202,8 @@ class EngineLoop:
         handle = Handle(request, self, asyncio.get_running_loop())
         self._in_flight += 1
         self._inbox.put(("add", handle))
+        if not self.alive:  # it died since the check above, maybe after draining the inbox
+            self._drain_inbox()
         return handle
 
     def _settle(self, handle: Handle, event: Event) -> None:
@@ -197,11 +214,14 @@ class EngineLoop:
 
     # -- engine thread ---------------------------------------------------------------------
     def _run(self) -> None:
+        warm_up(self.engine.runner)  # requests wait in the inbox meanwhile
+        self.health.ready = True
         busy = False
         last_trim = time.monotonic()
         try:
             while not (self._stopping and not self.engine.has_work()):
                 self._read_inbox(block=not self.engine.has_work())
+                self.health.beat(self.engine.has_work())
                 if self.engine.has_work():
                     self._step()
                     busy = True
@@ -215,7 +235,40 @@ class EngineLoop:
                 self._publish()
         except Exception as e:  # a bug in this loop: fail every request, let /health say so
             log.exception("the engine thread failed")
+            self.health.error = f"the engine thread failed: {type(e).__name__}: {e}"
             self._fail_all(e)
+
+    def _exited(self, done: Future[None]) -> None:
+        """The engine thread left _run (stopped, or died): fail every request still waiting
+        on it, live or in the inbox, so that none waits forever. Runs on that thread (or
+        after it), so `_live` is still only touched by one thread at a time."""
+        error = None if done.cancelled() else done.exception()
+        if error is not None:
+            log.error("the engine thread died", exc_info=error)
+            self.health.error = f"the engine thread died: {type(error).__name__}: {error}"
+        elif self.health.error is None:
+            self.health.error = "the engine is not running"
+        failure = EngineFailure(self.health.error, 503)
+        failed = [(h, Event([], True, error=failure)) for h in self._live.values()]
+        self._finished["error"] += len(failed)
+        self._live.clear()
+        post_all(failed)
+        self._drain_inbox()
+        with contextlib.suppress(Exception):  # the engine may be half-way through a step
+            self._publish()
+
+    def _drain_inbox(self) -> None:
+        """Fail every request left in the inbox: no engine thread will read it any more."""
+        failure = EngineFailure(self.health.error or "the engine is not running", 503)
+        failed = []
+        while True:
+            try:
+                kind, handle = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "add" and handle is not None:
+                failed.append((handle, Event([], True, error=failure)))
+        post_all(failed)
 
     def _read_inbox(self, block: bool) -> None:
         try:
@@ -258,6 +311,7 @@ class EngineLoop:
         req = self._live.pop(handle.request.id).request
         self.engine.abort(req)
         self._finished["abort"] += 1
+        self.latency.ended(req.timings)
         handle.post(Event([], True, "abort", req.timings.as_dict()))
 
     def _step(self) -> None:
@@ -285,6 +339,10 @@ class EngineLoop:
             timings = None
         if handle is None:
             return None
+        if out.error is not None:  # this request alone failed; the engine goes on
+            failure = EngineFailure(f"the request failed: {type(out.error).__name__}: {out.error}")
+            return handle, Event([], True, error=failure)
+        self.latency.delivered(out, handle)
         event = Event(out.tokens, out.finished, req.finish_reason, timings, logprobs=out.logprobs)
         return handle, event
 

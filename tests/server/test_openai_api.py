@@ -426,7 +426,7 @@ def wait_until_idle(server: LiveServer, timeout: float = 10.0) -> list[dict]:
         time.sleep(0.02)
 
 
-ABORTED = 'specserve:request_success_total{model_name="tiny",finished_reason="abort"}'
+ABORTED = 'specserve:request_success_total{finished_reason="abort",model_name="tiny"}'
 
 
 def test_disconnect_mid_stream_frees_the_slot(live: LiveServer) -> None:
@@ -460,7 +460,7 @@ def test_metrics_count_requests_and_tokens(live: LiveServer) -> None:
     complete(live, "hello", max_tokens=7)
     after = metrics(live)
     tokens = 'specserve:generation_tokens_total{model_name="tiny"}'
-    done = 'specserve:request_success_total{model_name="tiny",finished_reason="length"}'
+    done = 'specserve:request_success_total{finished_reason="length",model_name="tiny"}'
     assert after[tokens] == before[tokens] + 7
     assert after[done] == before[done] + 1
     assert after['specserve:prompt_tokens_total{model_name="tiny"}'] > 0
