@@ -20,13 +20,21 @@ from specserve.engine.threads import ComputeThread
 from specserve.errors import SpecserveError
 from specserve.loading.model import LoadedModel
 from specserve.server.app import ServerConfig, build_app
+from specserve.server.health import DEFAULT_STALL_TIMEOUT
 from specserve.server.loop import EngineLoop
+from specserve.server.request_id import RequestIdFilter
+from specserve.server.transport import (
+    BODY_BYTES_PER_TOKEN,
+    MIB,
+    MIN_BODY,
+    TransportLimits,
+    default_max_body,
+    uvicorn_config,
+)
 
 # needs no draft model (see `specserve bench spec`); `prediction` drafts only for requests
 # that send OpenAI's `prediction`
 DEFAULT_SPEC = "ngram-map-k,suffix,prediction"
-
-DRAIN_TIMEOUT_S = 30.0  # SIGTERM: how long running requests may take to finish
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -38,13 +46,106 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     h.add_argument(
         "--api-key",
         default=os.environ.get("SPECSERVE_API_KEY"),
-        help="require 'Authorization: Bearer KEY' (default: $SPECSERVE_API_KEY, else none)",
+        help="require 'Authorization: Bearer KEY'; several keys comma-separated, each its own "
+        "tenant (no prompt cache or drafting knowledge shared between keys) (default: "
+        "$SPECSERVE_API_KEY, else none)",
     )
     h.add_argument(
         "--max-queue",
         type=int,
         default=64,
         help="requests that may wait for a slot; more get 503 + Retry-After (default 64)",
+    )
+    h.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=DEFAULT_STALL_TIMEOUT,
+        help="/health answers 503 'stalled' when the engine has work but has finished no step "
+        f"for this many seconds (default {DEFAULT_STALL_TIMEOUT:.0f})",
+    )
+    _add_limit_args(p)
+
+
+def _add_limit_args(p: argparse.ArgumentParser) -> None:
+    h = p.add_argument_group("http limits")
+    h.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=None,
+        help="largest request body in MiB; a larger declared body gets 413 before it is read, "
+        f"a chunked one once it passes the limit (default: room for a prompt filling the "
+        f"context, {BODY_BYTES_PER_TOKEN} bytes per --ctx-size token, at least "
+        f"{MIN_BODY >> 20} MiB)",
+    )
+    h.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a client has to send a request's line and headers, from connecting or "
+        "from its first byte; slower connections are closed (slowloris) (default 10)",
+    )
+    h.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a request body may stall between two reads before a 408 (default 30)",
+    )
+    h.add_argument(
+        "--keep-alive-timeout",
+        type=int,
+        default=5,
+        help="seconds an idle connection stays open between requests (default 5)",
+    )
+    h.add_argument(
+        "--limit-concurrency",
+        type=int,
+        default=None,
+        help="open connections plus running requests beyond which uvicorn answers 503 "
+        "(default: no limit; --max-queue bounds the requests waiting for a slot)",
+    )
+    h.add_argument(
+        "--drain-timeout",
+        type=int,
+        default=25,
+        help="after SIGTERM, seconds running requests (and half-sent bodies) get before they "
+        "are cut off; keep it under the orchestrator's grace period, 30 s in Kubernetes "
+        "(default 25)",
+    )
+    h.add_argument(
+        "--allowed-hosts",
+        type=_hosts,
+        default=None,
+        help="comma-separated Host header names to serve, '*.example.com' for subdomains; "
+        "others get 400, against DNS rebinding; /health is exempt for probes "
+        "(default: any host)",
+    )
+    h.add_argument(
+        "--metrics-public",
+        action="store_true",
+        help="serve /metrics without the API key (default: /metrics needs --api-key's key "
+        "when one is set)",
+    )
+
+
+def _hosts(text: str) -> tuple[str, ...]:
+    hosts = tuple(h.strip() for h in text.split(",") if h.strip())
+    if not hosts:
+        raise argparse.ArgumentTypeError("no host names in --allowed-hosts")
+    return hosts
+
+
+def transport_limits(args: argparse.Namespace, max_len: int) -> TransportLimits:
+    """The http limit flags; the body limit's default fits a context of max_len tokens."""
+    mb = args.max_body_mb
+    return TransportLimits(
+        max_body=int(mb * MIB) if mb is not None else default_max_body(max_len),
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
+        keep_alive_timeout=args.keep_alive_timeout,
+        limit_concurrency=args.limit_concurrency,
+        drain_timeout=args.drain_timeout,
+        allowed_hosts=args.allowed_hosts,
+        metrics_public=args.metrics_public,
     )
 
 
@@ -63,14 +164,15 @@ def build_server(args: argparse.Namespace) -> tuple[EngineLoop, ServerConfig, Lo
     except BaseException:
         compute.close()
         raise
-    loop = EngineLoop(engine, args.max_queue, compute)
+    loop = EngineLoop(engine, args.max_queue, compute, stall_timeout=args.stall_timeout)
     speculating = engine.speculator is not None
     cfg = ServerConfig(
         model_id=args.alias or args.model,
         api_key=args.api_key or None,
         spec_types=settings.spec_types if speculating else (),
         spec_defaults=defaults if speculating else SpecParams(n_max=0),
-        drain_timeout=DRAIN_TIMEOUT_S,
+        drain_timeout=args.drain_timeout,
+        transport=transport_limits(args, engine.runner.memory.max_len),
     )
     return loop, cfg, loaded
 
@@ -80,7 +182,11 @@ def run_serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(levelname)s:     specserve: %(message)s"))
+    # the id of the request being handled ("-" outside one) in every line
+    handler.addFilter(RequestIdFilter())
+    handler.setFormatter(
+        logging.Formatter("%(levelname)s:     specserve [%(request_id)s]: %(message)s")
+    )
     logging.getLogger("specserve").addHandler(handler)
     logging.getLogger("specserve").setLevel(logging.INFO)
     loop, cfg, loaded = build_server(args)
@@ -94,13 +200,7 @@ def run_serve(args: argparse.Namespace) -> None:
         ctx,
         ",".join(cfg.spec_types) or "none",
     )
-    config = uvicorn.Config(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level="info",
-        timeout_graceful_shutdown=int(DRAIN_TIMEOUT_S),
-    )
+    config = uvicorn_config(app, cfg.transport, host=args.host, port=args.port, log_level="info")
     uvicorn.Server(config).run()  # handles SIGINT/SIGTERM: graceful shutdown, then lifespan
 
 

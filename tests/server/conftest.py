@@ -20,6 +20,7 @@ from specserve.engine.runner import ModelRunner
 from specserve.loading.model import LoadedModel, load_model
 from specserve.server.app import ServerConfig, build_app
 from specserve.server.loop import EngineLoop
+from specserve.server.transport import TransportLimits, uvicorn_config
 from specserve.spec.registry import build_speculator
 from tests.tiny import write_hf_folder, write_tokenizer
 
@@ -84,18 +85,23 @@ def start_server(
     max_queue: int = 8,
     api_key: str | None = None,
     spec_types: tuple[str, ...] = (),
+    limits: TransportLimits | None = None,
 ) -> LiveServer:
-    """A server on a free 127.0.0.1 port; the model's weights are shared between servers."""
+    """A server on a free 127.0.0.1 port; the model's weights are shared between servers.
+
+    `limits` sets the transport limits (server/transport.py); by default, serve's defaults."""
     assert loaded.tokenizer is not None
     runner = ModelRunner(loaded.model, num_slots=parallel, max_len=CTX)
     loop = EngineLoop(Engine(runner, build_speculator(spec_types)), max_queue)
     spec = SpecParams(n_max=16 if spec_types else 0)
     config = ServerConfig(MODEL_ID, api_key=api_key, spec_types=spec_types, spec_defaults=spec)
+    config.transport = limits or config.transport
     app = build_app(loop, loaded.tokenizer, config)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))  # the kernel picks a free port; no race with other tests
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(
+        uvicorn_config(app, config.transport, log_level="warning", timeout_graceful_shutdown=5)
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
