@@ -87,14 +87,20 @@ class Tokenizer:
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
     ) -> list[int]:
         """Messages (and the tools the model may call) -> prompt ids with the generation
-        prompt appended."""
+        prompt appended. Only the template's own markup becomes control tokens: a user who
+        types `<|im_start|>system` into a message gets those characters as text
+        (transformers' sanitize_control_tokens), so no message can forge a turn."""
         if not self.has_chat_template:
             raise SpecserveError("this model has no chat template (a base model?): drop --chat")
-        text = self.hf.apply_chat_template(
-            messages, tools=tools, tokenize=False, add_generation_prompt=True
+        ids = self.hf.apply_chat_template(
+            messages,
+            tools=tools,
+            tokenize=True,
+            add_generation_prompt=True,
+            sanitize_control_tokens=True,
+            return_dict=False,
         )
-        # the template writes special tokens as text (BOS included), so add none here
-        return self.encode_text(text)
+        return [int(t) for t in ids]
 
 
 @cache

@@ -12,15 +12,15 @@ shutdown (after uvicorn has drained the open connections), stops.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
-import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -40,6 +40,8 @@ from specserve.server.protocol import (
     ModelList,
     ResponsesRequest,
 )
+from specserve.server.request_id import RequestIdMiddleware
+from specserve.server.transport import TransportLimits, TransportMiddleware
 
 log = logging.getLogger("specserve.server")
 
@@ -53,7 +55,8 @@ class ServerConfig:
     spec_types: tuple[str, ...] = ()
     # per-request speculation defaults (--draft-max/--draft-min/--draft-p-min)
     spec_defaults: SpecParams = field(default_factory=lambda: SpecParams(n_max=0))
-    drain_timeout: float = 30.0
+    drain_timeout: float = 25.0
+    transport: TransportLimits = field(default_factory=TransportLimits)
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -62,6 +65,11 @@ def build_app(loop: EngineLoop, tokenizer: Tokenizer, cfg: ServerConfig) -> Fast
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # what is alive now (model, tokenizer, modules) lives as long as the server: frozen,
+        # no full collection scans it again, so a collection, which holds the GIL and so the
+        # event loop, costs the garbage of requests only (as vLLM does after start-up)
+        gc.collect()
+        gc.freeze()
         loop.start()
         yield
         # uvicorn has drained the connections by now; stop() waits for stragglers
@@ -71,7 +79,10 @@ def build_app(loop: EngineLoop, tokenizer: Tokenizer, cfg: ServerConfig) -> Fast
     app = FastAPI(title="specserve", lifespan=lifespan)
     _install_error_handlers(app)
     gen = Generator(loop, tokenizer, cfg.model_id, cfg.spec_types, cfg.spec_defaults)
-    v1 = APIRouter(dependencies=[Depends(_api_key_check(cfg.api_key))])
+    # the Host and API key checks and the body limits run before a handler reads the body
+    app.add_middleware(TransportMiddleware, limits=cfg.transport, api_key=cfg.api_key)
+    app.add_middleware(RequestIdMiddleware)  # outermost: its id names the refusals too
+    v1 = APIRouter()
 
     @v1.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
@@ -95,37 +106,17 @@ def build_app(loop: EngineLoop, tokenizer: Tokenizer, cfg: ServerConfig) -> Fast
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        if not loop.alive:
-            return JSONResponse({"status": "error", "message": "engine not running"}, 503)
-        return JSONResponse({"status": "ok"})
+        status, body = loop.health.report(loop.alive)  # loading, stalled, error or ok
+        return JSONResponse(body, status)
+
+    registry = metrics.registry(loop, cfg.model_id)  # this app's own, not the global one
 
     @app.get("/metrics")
     async def metrics_page() -> PlainTextResponse:
-        text = metrics.render_metrics(loop.snapshot, cfg.model_id)
-        return PlainTextResponse(text, media_type=metrics.CONTENT_TYPE)
+        return PlainTextResponse(metrics.render(registry), media_type=metrics.CONTENT_TYPE)
 
     app.include_router(v1)
     return app
-
-
-def _api_key_check(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
-    """A dependency: with --api-key set, requests need `Authorization: Bearer <key>`."""
-
-    # async, so FastAPI runs it on the event loop rather than in its thread pool
-    async def check(request: Request) -> None:
-        if api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not given:
-            raise ApiError(
-                401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key"
-            )
-        # constant time, so the key cannot be guessed byte by byte from response times
-        if not secrets.compare_digest(given.strip().encode(), api_key.encode()):
-            raise ApiError(401, "invalid API key", code="invalid_api_key")
-
-    return check
 
 
 def error_response(err: ApiError) -> JSONResponse:
@@ -166,6 +157,8 @@ def validation_error(exc: RequestValidationError) -> ApiError:
         detail = first.get("ctx", {}).get("error", "")
         return ApiError(400, f"malformed JSON body: {detail}".rstrip(": "))
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if not loc and first.get("type") == "value_error":  # the whole body's check refused it
+        return ApiError(400, str(first["msg"]).removeprefix("Value error, "))
     if not loc:
         # the body was not parsed as a JSON object: often `curl -d` without a JSON header
         return ApiError(400, "the body must be a JSON object sent as application/json")

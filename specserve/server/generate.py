@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
+import jinja2
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -22,10 +24,10 @@ from starlette.types import Receive, Scope, Send
 from specserve.engine.constrain import JsonConstraint
 from specserve.engine.request import Request as EngineRequest
 from specserve.engine.request import SpecParams
-from specserve.engine.sampling import SamplingParams
 from specserve.errors import SpecserveError
 from specserve.loading.tokenizer import Tokenizer
 from specserve.server import logprobs, streams, tools
+from specserve.server.checks import check_caps, check_prediction, sampling, unsupported
 from specserve.server.errors import ApiError
 from specserve.server.loop import EngineFailure, EngineLoop, Handle, QueueFull
 from specserve.server.protocol import (
@@ -39,6 +41,16 @@ from specserve.server.protocol import (
 )
 from specserve.server.streams import Delta, Finish
 from specserve.server.text import TextStream
+
+T = TypeVar("T")
+
+# what a chat template raises for messages it refuses (its raise_exception, a role order it
+# cannot render, a field of the wrong type): the client's mistake, not the server's
+_TEMPLATE_ERRORS = (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError)
+
+
+# a text longer than this many characters per context token is measured from its head first
+_PROBE_CHARS_PER_TOKEN = 8
 
 
 class EngineStream(StreamingResponse):
@@ -74,18 +86,23 @@ class Generator:
         self.spec_defaults = spec_defaults
         self.max_len = loop.engine.runner.memory.max_len
         self.vocab_size = loop.engine.runner.vocab_size
+        # template rendering and tokenization take seconds for a large prompt: off the event
+        # loop, one at a time (a tokenizer is not made for concurrent calls)
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="specserve-prompt")
+
+    async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
 
     # -- endpoints -------------------------------------------------------------------------
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
         self._check(body)
         offered = tools.offered(body, self.tok.chat_template)
-        prompt = self._chat_prompt(
-            [tools.template_message(_turn(m)) for m in body.messages], offered
-        )
+        turns = [tools.template_message(_turn(m)) for m in body.messages]
+        prompt = await self._off_loop(self._chat_prompt, turns, offered)
         use_mct = body.max_completion_tokens is not None
         limit = body.max_completion_tokens if use_mct else body.max_tokens
         param = "max_completion_tokens" if use_mct else "max_tokens"
-        handle, run = await self._start(body, prompt, limit, param)
+        handle, run = await self._start(body, prompt, limit, param, _tenant(request, body))
         if offered:
             run = tools.with_calls(run, [t["function"]["name"] for t in offered])
         ids = streams.Ids("chatcmpl-" + uuid.uuid4().hex, self.model_id)
@@ -97,8 +114,9 @@ class Generator:
 
     async def completion(self, body: CompletionRequest, request: Request) -> Response:
         self._check(body)
-        prompt = self._completion_prompt(body.prompt)
-        handle, run = await self._start(body, prompt, body.max_tokens, "max_tokens")
+        prompt = await self._off_loop(self._completion_prompt, body.prompt)
+        tenant = _tenant(request, body)
+        handle, run = await self._start(body, prompt, body.max_tokens, "max_tokens", tenant)
         if body.echo:  # the prompt's own text (decoded, for a prompt of token ids) first
             echo = body.prompt if isinstance(body.prompt, str) else self.tok.decode(prompt)
             run = _prefixed(echo, run)
@@ -118,8 +136,9 @@ class Generator:
             turns.append({"role": "user", "content": body.input})
         else:
             turns += [{"role": m.role, "content": m.content} for m in body.input]
-        prompt = self._chat_prompt(turns)
-        handle, run = await self._start(body, prompt, body.max_output_tokens, "max_output_tokens")
+        prompt = await self._off_loop(self._chat_prompt, turns)
+        limit, tenant = body.max_output_tokens, _tenant(request, body)
+        handle, run = await self._start(body, prompt, limit, "max_output_tokens", tenant)
         ids = streams.Ids("resp_" + uuid.uuid4().hex, self.model_id)
         if body.stream:
             return EngineStream(handle, streams.response_events(ids, _errors_as_events(run)))
@@ -143,6 +162,7 @@ class Generator:
         if body.n not in (None, 1):
             raise ApiError(400, f"n must be 1 (one choice per request), got {body.n}", param="n")
         unsupported(body)
+        check_caps(body)
 
     def _chat_prompt(
         self, turns: list[dict[str, Any]], offered: list[Any] | None = None
@@ -150,11 +170,17 @@ class Generator:
         if not self.tok.has_chat_template:
             raise ApiError(400, "this model has no chat template; use /v1/completions")
         messages = [{**t, "content": _text_of(t["content"])} for t in turns]
-        return self.tok.chat(messages, offered)
+        self._within_context("".join(m["content"] for m in messages), self.tok.encode_text)
+        try:
+            return self.tok.chat(messages, offered)
+        except _TEMPLATE_ERRORS as e:
+            raise ApiError(
+                400, f"the chat template refused these messages: {e}", param="messages"
+            ) from e
 
     def _completion_prompt(self, prompt: str | list[str] | list[int]) -> list[int]:
         if isinstance(prompt, str):
-            return self.tok.encode(prompt)
+            return self._within_context(prompt, self.tok.encode)
         if all(isinstance(p, int) for p in prompt):
             ids = [int(p) for p in prompt]
             bad = [t for t in ids if not 0 <= t < self.vocab_size]
@@ -167,7 +193,22 @@ class Generator:
             return ids
         if len(prompt) != 1:
             raise ApiError(400, f"one prompt per request, got {len(prompt)}", param="prompt")
-        return self.tok.encode(str(prompt[0]))
+        return self._within_context(str(prompt[0]), self.tok.encode)
+
+    def _within_context(
+        self, text: str, encode: Callable[[str], list[int]], param: str = "prompt"
+    ) -> list[int]:
+        """encode(text), refusing a text whose head alone fills the context without encoding
+        the rest: a megabyte prompt costs the tokenizer seconds and the process its GIL."""
+        head = text[: self.max_len * _PROBE_CHARS_PER_TOKEN]
+        if len(head) < len(text) and len(encode(head)) >= self.max_len:
+            raise ApiError(
+                400,
+                f"the {param} has more than {self.max_len} tokens; the context holds "
+                f"{self.max_len} (a shorter {param} or a server with a larger --ctx-size)",
+                param=param,
+            )
+        return encode(text)
 
     def _max_tokens(self, prompt_len: int, asked: int | None, param: str) -> int:
         room = self.max_len - prompt_len
@@ -210,6 +251,7 @@ class Generator:
                 n_max=n_max,
                 n_min=d.n_min if asked.n_min is None else asked.n_min,
                 p_min=d.p_min if asked.p_min is None else asked.p_min,
+                types=None if asked.types is None else tuple(asked.types),
             )
         except ValueError as e:
             raise ApiError(400, f"speculative: {e}", param="speculative") from e
@@ -219,18 +261,28 @@ class Generator:
 
     # -- running ---------------------------------------------------------------------------
     async def _start(
-        self, body: GenerationRequest, prompt: list[int], asked: int | None, param: str
+        self,
+        body: GenerationRequest,
+        prompt: list[int],
+        asked: int | None,
+        param: str,
+        tenant: str | None,
     ) -> tuple[Handle, AsyncIterator[Delta | Finish]]:
         """Check the settings, submit, and wait until the engine has taken the request."""
         top = logprobs.asked(body)
-        params = _sampling(body, self._max_tokens(len(prompt), asked, param), top)
+        params = sampling(body, self._max_tokens(len(prompt), asked, param), top)
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         req = EngineRequest(prompt, params, self._spec(body.speculative), self.tok.eog_ids)
         req.cache_prompt = body.cache_prompt
+        req.cache_salt = tenant
         if body.output_format == "json_object":
-            req.constraint = JsonConstraint(self._token_table, self.tok.eog_ids)
+            table = await self._off_loop(lambda: self._token_table)
+            req.constraint = JsonConstraint(table, self.tok.eog_ids)
         if body.prediction is not None:
-            req.prediction = self.tok.encode_text(_text_of(body.prediction.content))
+            text = _text_of(body.prediction.content)
+            encode = self.tok.encode_text
+            req.prediction = await self._off_loop(self._within_context, text, encode, "prediction")
+            check_prediction(len(req.prediction), self.max_len)
         try:
             handle = self.loop.submit(req)
         except QueueFull as e:
@@ -250,6 +302,15 @@ class Generator:
             raise
         tok = self.tok if top is not None else None
         return handle, _run(handle, TextStream(self.tok.decode, stop), tok)
+
+
+def _tenant(request: Request, body: GenerationRequest) -> str | None:
+    """Whose prefixes and drafting knowledge this request may share: its API key's (with
+    several keys; set by the transport middleware) and its cache_salt's."""
+    key = getattr(request.state, "key_tenant", None)
+    if key is None and body.cache_salt is None:
+        return None
+    return f"{key or ''}|{body.cache_salt or ''}"
 
 
 async def _run(
@@ -296,7 +357,7 @@ async def _collect(
                 return Delta.join(parts), item
             parts.append(item)
     except EngineFailure as e:
-        raise ApiError(500, str(e)) from e
+        raise ApiError(e.status, str(e)) from e
     finally:
         watcher.cancel()
         handle.cancel()  # no-op when it finished
@@ -321,59 +382,6 @@ async def _cancel_on_disconnect(request: Request, handle: Handle) -> None:
             handle.cancel()
             return
         await asyncio.sleep(0.25)
-
-
-def unsupported(body: GenerationRequest) -> None:
-    """Refuse, naming it, a field that would change the output but is not implemented."""
-    if body.output_format not in ("text", "json_object"):
-        raise ApiError(
-            400,
-            f"response_format {body.output_format!r} is not supported (JSON mode is: json_object)",
-            param="text.format" if isinstance(body, ResponsesRequest) else "response_format",
-        )
-    if body.functions and body.tool_choice != "none":
-        raise ApiError(400, "functions are not supported; send tools", param="functions")
-    if body.tools and body.tool_choice != "none" and not isinstance(body, ChatCompletionRequest):
-        raise ApiError(
-            400,
-            "tools are supported on /v1/chat/completions only; leave them out, or send "
-            'tool_choice "none"',
-            param="tools",
-        )
-    if isinstance(body, CompletionRequest):
-        if body.best_of not in (None, 1):
-            raise ApiError(400, f"best_of must be 1, got {body.best_of}", param="best_of")
-        if body.suffix:
-            raise ApiError(400, "suffix (insertion) is not supported", param="suffix")
-
-
-def _logit_bias(asked: dict[str, float] | None) -> dict[int, float]:
-    """OpenAI's logit_bias: its keys are token ids written as strings."""
-    bias: dict[int, float] = {}
-    for key, value in (asked or {}).items():
-        try:
-            bias[int(key)] = value
-        except ValueError:
-            raise ApiError(
-                400, f"logit_bias keys must be token ids, got {key!r}", param="logit_bias"
-            ) from None
-    return bias
-
-
-def _sampling(body: GenerationRequest, max_tokens: int, top: int | None) -> SamplingParams:
-    fields: dict[str, Any] = {
-        name: getattr(body, name)
-        for name in (
-            "temperature", "top_p", "top_k", "min_p", "seed",
-            "presence_penalty", "frequency_penalty", "repetition_penalty", "stop_token_ids",
-        )
-        if getattr(body, name) is not None
-    }  # fmt: skip
-    try:
-        bias = _logit_bias(body.logit_bias)
-        return SamplingParams(max_tokens=max_tokens, logit_bias=bias, logprobs=top, **fields)
-    except ValueError as e:
-        raise ApiError(400, str(e)) from e
 
 
 def _turn(message: ChatMessage) -> dict[str, Any]:

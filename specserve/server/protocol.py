@@ -12,7 +12,10 @@ legacy completions' `logprobs: N`, the Responses API's
 `include: ["message.output_text.logprobs"]` + `top_logprobs`.
 Extensions beyond OpenAI (as vLLM and llama.cpp spell them): `top_k`, `min_p`,
 `repetition_penalty`, `stop_token_ids`, `cache_prompt` (llama.cpp's: false prefills the
-whole prompt even when its slot holds a prefix of it), and `speculative`:
+whole prompt even when its slot holds a prefix of it), `cache_salt` (vLLM's: prompt
+prefixes, `cached_tokens` and the speculators' cross-request tables are shared only among
+requests with the same salt, and with several API keys only among the same key's), and
+`speculative`:
 
     "speculative": {"types": ["ngram-simple"], "n_max": 8, "n_min": 0, "p_min": 0.0}
 
@@ -23,9 +26,24 @@ Outputs: `{"type": "content", "content": "..."}`) feeds the `prediction` drafter
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
+
+# deeper JSON than this (tool arguments, schemas) is no real request, and a recursive reader
+# of it (a template's tojson, json.loads) would run out of stack
+MAX_JSON_DEPTH = 64
+# a lone UTF-16 surrogate (JSON's "\ud800") is no character: no tokenizer or UTF-8 encoder
+# takes it
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 # -- errors ---------------------------------------------------------------------------------
 
@@ -97,12 +115,43 @@ class GenerationRequest(BaseModel):
     speculative: SpeculativeSettings | None = None
     prediction: Prediction | None = None
     cache_prompt: bool = True  # llama.cpp's: may start after the prefix its slot holds
+    # vLLM's: requests share prompt prefixes and drafting knowledge only with those that send
+    # the same salt (and, with several --api-key keys, the same key)
+    cache_salt: str | None = Field(default=None, max_length=256)
 
     @property
     def output_format(self) -> str:
         """The reply's format: "text", or "json_object" for JSON mode (or what else the
         body asks for, to be refused)."""
         return "text" if self.response_format is None else self.response_format.type
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_json(cls, data: Any) -> Any:
+        check_plain_json(data)
+        return data
+
+
+def check_plain_json(data: Any) -> None:
+    """Refuse (ValueError) JSON nested deeper than MAX_JSON_DEPTH or holding a lone surrogate
+    in any string, key or value; iterative, so no input can exhaust the stack here."""
+    todo: list[tuple[Any, int, str]] = [(data, 0, "")]
+    while todo:
+        value, depth, path = todo.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                raise ValueError(f"{path or 'body'}: a lone UTF-16 surrogate is not text")
+            continue
+        if not isinstance(value, dict | list):
+            continue
+        if depth >= MAX_JSON_DEPTH:
+            raise ValueError(f"{path or 'body'}: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            name = f"{path}.{key}" if path else str(key)
+            if isinstance(key, str) and _SURROGATE.search(key):
+                raise ValueError(f"{path or 'body'}: a lone UTF-16 surrogate in a key")
+            todo.append((item, depth + 1, name))
 
 
 class ContentPart(BaseModel):

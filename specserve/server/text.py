@@ -94,8 +94,16 @@ class TextStream:
 
 def partial_prefix(text: str, marker: str) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of `marker`: text a
-    stream holds back until it is clearly not the start of the marker."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:n]):
-            return n
+    stream holds back until it is clearly not the start of the marker.
+
+    Only the last len(marker) - 1 characters can matter, and only where marker[0] occurs
+    in them; the earliest such start that fits is the longest (string search in C, so a
+    stream's many stop strings cost little per token)."""
+    if len(marker) < 2:
+        return 0
+    i = text.find(marker[0], max(0, len(text) - len(marker) + 1))
+    while i >= 0:
+        if marker.startswith(text[i:]):
+            return len(text) - i
+        i = text.find(marker[0], i + 1)
     return 0

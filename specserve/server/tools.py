@@ -31,7 +31,12 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from specserve.server.errors import ApiError
-from specserve.server.protocol import ChatCompletionRequest, FunctionCall, ToolCall
+from specserve.server.protocol import (
+    ChatCompletionRequest,
+    FunctionCall,
+    ToolCall,
+    check_plain_json,
+)
 from specserve.server.streams import Delta, Finish
 from specserve.server.text import partial_prefix
 
@@ -196,9 +201,29 @@ def template_message(message: dict[str, Any]) -> dict[str, Any]:
         return message
     out = []
     for call in calls:
-        function = dict(call.get("function") or {})
+        function = call.get("function")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ApiError(
+                400,
+                'each tool call must be {"id": ..., "type": "function", "function": {"name": '
+                '..., "arguments": "..."}}',
+                param="messages.tool_calls",
+            )
+        function = dict(function)
         # an object already, or text that is no JSON: the template writes it as it is
         with contextlib.suppress(TypeError, json.JSONDecodeError):
-            function["arguments"] = json.loads(function.get("arguments") or "{}")
+            function["arguments"] = _loads_bounded(function.get("arguments") or "{}")
         out.append({**call, "function": function})
     return {**message, "tool_calls": out}
+
+
+def _loads_bounded(text: str) -> Any:
+    """json.loads, refusing what is nested too deep for the template to write back."""
+    try:
+        value = json.loads(text)
+        check_plain_json(value)
+    except (RecursionError, ValueError) as e:
+        if isinstance(e, json.JSONDecodeError):
+            raise
+        raise ApiError(400, f"tool call arguments: {e}", param="messages.tool_calls") from None
+    return value

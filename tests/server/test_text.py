@@ -62,3 +62,24 @@ def test_push_each_stops_at_the_id_that_completes_the_stop_string() -> None:
     assert stream.push_each(ids("ab")) == ("ab", 2)
     assert stream.push_each(ids("c|de")) == ("", 2)  # "c|" found: d and e are not taken
     assert stream.stopped and stream.n_tokens == 4
+
+
+def _partial_prefix_reference(text: str, marker: str) -> int:
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:n]):
+            return n
+    return 0
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_partial_prefix_equals_the_readable_rule(seed: int) -> None:
+    import random
+
+    from specserve.server.text import partial_prefix
+
+    rng = random.Random(seed)
+    alphabet = "ab" if seed % 2 else "abc"
+    for _ in range(50):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 12)))
+        marker = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 8)))
+        assert partial_prefix(text, marker) == _partial_prefix_reference(text, marker)
