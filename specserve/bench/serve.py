@@ -124,6 +124,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
     load.add_argument(
         "--sample-every", type=float, default=30.0, help="seconds between RSS samples (30)"
     )
+    load.add_argument(
+        "--hostile",
+        type=int,
+        default=0,
+        help="clients that each send a random bad or extreme request every second "
+        "(bench/hostile.py) beside the normal ones, whose texts are then checked against "
+        "a quiet pass over the same prompts (default 0)",
+    )
 
 
 def main(args: argparse.Namespace) -> None:
@@ -180,7 +188,7 @@ def run_matrix(args: argparse.Namespace, work: Workload, log_dir: Path) -> list[
         log = log_dir / f"server-np{slots}-spec-{spec}-{i}.log"
         with launch(sspec, log, args.in_process) as server:
             warm_up(server.url)
-            run = run_workload(server.url, work)
+            run, _ = run_workload(server.url, work)
         r = make_row(sspec, spec, run)
         runs.append(r)
         print(

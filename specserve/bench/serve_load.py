@@ -1,6 +1,6 @@
 """`specserve bench serve --load`: one server under steady load; errors and memory over time.
 
-    specserve bench serve --load --clients 8 --duration 300
+    specserve bench serve --load --clients 8 --duration 300 [--hostile 1]
 
 One `specserve serve -np 4` subprocess, `--clients` closed-loop streaming clients for
 `--duration` seconds (each also capped at `--requests-per-client` requests, so the run is
@@ -10,6 +10,11 @@ starts, every `--sample-every` seconds and at the end. Speculation is the first 
 value (on: the server's default chain). Prompts repeat once the 16 in workload.py are used,
 so the suffix speculator drafts repeats well: this mode is about errors and memory, the
 throughput it prints is not the benchmark's.
+
+`--hostile N` adds N clients that each send a random bad or extreme request every second
+(bench/hostile.py); the normal clients' answers are then compared with a quiet pass over
+the same prompts before the load (greedy: equal, token for token), and every bad request's
+status with the ones its case allows (a 4xx or a correct answer, never a 5xx).
 
 "Flat" (see `judge_flat`): the last sample is at most max(2 %, 32 MiB) above the first
 sample taken under load. The sample at the start is not the baseline: before the first
@@ -22,12 +27,29 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from specserve.bench.hostile import HostileRun, hostile_client
 from specserve.bench.report import Column, format_table, out_paths, write_json
-from specserve.bench.server_process import InProcessServer, RssSampler, ServerProcess, launch
-from specserve.bench.workload import RequestResult, RunResult, Workload, run_workload, warm_up
+from specserve.bench.server_process import (
+    MODEL_ID,
+    InProcessServer,
+    RssSampler,
+    ServerProcess,
+    launch,
+)
+from specserve.bench.workload import (
+    PROMPTS,
+    Beside,
+    RequestResult,
+    RunResult,
+    Workload,
+    run_workload,
+    warm_up,
+)
 from specserve.errors import SpecserveError
 
 FLAT_FRACTION = 0.02  # allowed growth after the first loaded sample, relative ...
@@ -115,11 +137,15 @@ def main(args: argparse.Namespace) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         with launch(sspec, log_dir / "server-load.log", args.in_process) as server:
             warm_up(server.url)
-            run, samples = run_with_sampler(server, work, args.sample_every)
+            quiet = quiet_texts(server.url, work.max_tokens) if args.hostile else {}
+            hostile = [_hostile(server.url, seed) for seed in range(args.hostile)]
+            run, samples, bad = run_with_sampler(server, work, args.sample_every, hostile)
     print(f"server: -np {sspec.slots}, --spec-type {sspec.spec_type}; {work.clients} clients")
     print(format_table(rss_rows(samples), RSS_COLUMNS))
     flatness = judge_flat(samples)
     print(report(run, flatness))
+    if args.hostile:
+        print(hostile_report(run, quiet, bad))
     if args.out:
         json_path, png_path = out_paths(args.out)
         write_json(json_path, load_record(work, sspec.spec_type, run, samples, flatness))
@@ -128,17 +154,56 @@ def main(args: argparse.Namespace) -> None:
 
 
 def run_with_sampler(
-    server: ServerProcess | InProcessServer, work: Workload, every: float
-) -> tuple[RunResult, list[Sample]]:
-    """The clients' run, with the server's RSS sampled alongside it."""
+    server: ServerProcess | InProcessServer,
+    work: Workload,
+    every: float,
+    hostile: Sequence[Beside] = (),
+) -> tuple[RunResult, list[Sample], list[HostileRun]]:
+    """The clients' run, with the server's RSS sampled alongside it (and hostile clients
+    sending beside the normal ones)."""
     finished: list[RequestResult] = []
     sampler = RssSampler(server.pid, every, progress=lambda: len(finished))
     sampler.start()
     try:
-        run = run_workload(server.url, work, out=finished)
+        run, hostile_runs = run_workload(server.url, work, out=finished, beside=hostile)
     finally:
         raw = sampler.stop()
-    return run, [Sample(t, rss, n) for t, rss, n in raw]
+    return run, [Sample(t, rss, n) for t, rss, n in raw], hostile_runs
+
+
+def _hostile(url: str, seed: int) -> Beside:
+    return lambda deadline: hostile_client(url, MODEL_ID, deadline, seed=seed)
+
+
+def quiet_texts(url: str, max_tokens: int) -> dict[int, str]:
+    """Each prompt's greedy answer with no hostile client about: prompt index -> text."""
+    clients = 4
+    work = Workload(clients, len(PROMPTS) // clients, max_tokens)
+    run, _ = run_workload(url, work)
+    failed = [r.error for r in run.requests if r.error]
+    if failed:
+        raise SpecserveError(f"the quiet pass failed: {failed[0]}")
+    return {r.prompt: r.text for r in run.requests}
+
+
+def hostile_report(run: RunResult, quiet: dict[int, str], hostile: list[HostileRun]) -> str:
+    """The normal clients' texts against the quiet pass, and what the hostile ones got."""
+    done = [r for r in run.requests if r.error is None]
+    differ = [r for r in done if r.text != quiet.get(r.prompt)]
+    statuses = sum((h.statuses for h in hostile), Counter())
+    wrong = [w for h in hostile for w in h.wrong]
+    lines = [
+        f"normal clients: {len(done) - len(differ)} of {len(done)} answers equal to the quiet "
+        f"pass's (target all), {run.errors} errors (target 0)",
+        f"hostile clients: {sum(h.sent for h in hostile)} bad requests, statuses "
+        + ", ".join(f"{s}: {n}" for s, n in sorted(statuses.items()))
+        + f"; {len(wrong)} answered outside their allowed statuses (target 0)",
+    ]
+    if differ:
+        lines.append(f"first different answer: prompt {differ[0].prompt}")
+    if wrong:
+        lines.append(f"first wrong answers: {wrong[:5]}")
+    return "\n".join(lines)
 
 
 def rss_rows(samples: list[Sample]) -> list[dict[str, float | int]]:

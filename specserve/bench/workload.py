@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specserve.bench.server_process import MODEL_ID
 from specserve.errors import SpecserveError
@@ -66,6 +67,7 @@ class RequestResult:
     ttft_s: float | None = None  # request sent -> first content token (queueing included)
     latency_s: float = 0.0
     error: str | None = None
+    text: str = ""  # the answer's content, as streamed
 
 
 @dataclass
@@ -112,7 +114,10 @@ async def _one_request(
             stream_options={"include_usage": True},  # a streamed chunk may hold several tokens
         )
         async for chunk in stream:
-            if result.ttft_s is None and chunk.choices and chunk.choices[0].delta.content:
+            content = chunk.choices[0].delta.content if chunk.choices else None
+            if content:
+                result.text += content
+            if result.ttft_s is None and content:
                 result.ttft_s = time.perf_counter() - t0
             if chunk.usage is not None:
                 result.tokens = chunk.usage.completion_tokens
@@ -139,20 +144,33 @@ async def _client(
         await api.close()
 
 
-async def _run(url: str, work: Workload, out: list[RequestResult]) -> RunResult:
+Beside = Callable[[float], Awaitable[Any]]
+
+
+async def _run(
+    url: str, work: Workload, out: list[RequestResult], beside: Sequence[Beside]
+) -> tuple[RunResult, list[Any]]:
     duration = work.duration_s if work.duration_s is not None else float("inf")
     t0 = time.perf_counter()
     deadline = time.monotonic() + duration
+    others = [asyncio.ensure_future(b(deadline)) for b in beside]
     await asyncio.gather(*(_client(url, c, work, deadline, out) for c in range(work.clients)))
-    return RunResult(out, time.perf_counter() - t0)
+    return RunResult(out, time.perf_counter() - t0), list(await asyncio.gather(*others))
 
 
-def run_workload(url: str, work: Workload, out: list[RequestResult] | None = None) -> RunResult:
-    """Run the clients against `url` until each sent its requests or the duration is over.
+def run_workload(
+    url: str,
+    work: Workload,
+    out: list[RequestResult] | None = None,
+    beside: Sequence[Beside] = (),
+) -> tuple[RunResult, list[Any]]:
+    """Run the clients against `url` until each sent its requests or the duration is over;
+    `beside` (each called with the deadline, time.monotonic) run alongside, and what they
+    return comes back with the run.
 
     `out` receives each finished request as it finishes (a sampler may read its length).
     """
-    return asyncio.run(_run(url, work, [] if out is None else out))
+    return asyncio.run(_run(url, work, [] if out is None else out, beside))
 
 
 def warm_up(url: str, max_tokens: int = 8) -> None:

