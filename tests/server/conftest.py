@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import queue
+import re
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import pytest
 import torch
@@ -128,3 +131,23 @@ def drafting(tiny_model: LoadedModel) -> Iterator[LiveServer]:
     )
     yield server
     server.stop()
+
+
+def pump_lines(stream: IO[str], out: queue.Queue[str]) -> None:
+    """A thread's body: every line of a subprocess's output into `out`."""
+    for line in stream:
+        out.put(line)
+
+
+def wait_for_line(lines: queue.Queue[str], pattern: str, timeout: float) -> re.Match[str]:
+    """The first line of `lines` that matches `pattern`, waiting at most `timeout` s."""
+    deadline, seen = time.monotonic() + timeout, []
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        seen.append(line)
+        if m := re.search(pattern, line):
+            return m
+    raise AssertionError(f"no {pattern!r} in server output:\n{''.join(seen)}")

@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import queue
-import re
 import signal
 import socket
 import subprocess
@@ -19,7 +18,6 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
 import httpx2
 import pytest
@@ -36,7 +34,7 @@ from specserve.server.transport import (
     host_allowed,
     uvicorn_config,
 )
-from tests.server.conftest import MODEL_ID, LiveServer, start_server
+from tests.server.conftest import MODEL_ID, LiveServer, pump_lines, start_server, wait_for_line
 
 LIMIT = 4096  # bytes: a small body limit, so the tests send little
 CHAT = "/v1/chat/completions"
@@ -362,9 +360,9 @@ def test_sigterm_with_a_half_sent_body_exits_within_the_drain_timeout(tiny_folde
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
     lines: queue.Queue[str] = queue.Queue()
     assert proc.stderr is not None
-    threading.Thread(target=_pump, args=(proc.stderr, lines), daemon=True).start()
+    threading.Thread(target=pump_lines, args=(proc.stderr, lines), daemon=True).start()
     try:
-        host, port = _wait_for(lines, r"Uvicorn running on http://([\d.]+):(\d+)", 60).groups()
+        host, port = wait_for_line(lines, r"Uvicorn running on http://([\d.]+):(\d+)", 60).groups()
         with socket.create_connection((host, int(port)), timeout=5) as sock:
             sock.sendall(head("POST", CHAT, Content_Type="application/json", Content_Length=100))
             sock.sendall(b'{"model": ')
@@ -378,21 +376,3 @@ def test_sigterm_with_a_half_sent_body_exits_within_the_drain_timeout(tiny_folde
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-
-
-def _pump(stream: IO[str], out: queue.Queue[str]) -> None:
-    for line in stream:
-        out.put(line)
-
-
-def _wait_for(lines: queue.Queue[str], pattern: str, timeout: float) -> re.Match[str]:
-    deadline, seen = time.monotonic() + timeout, []
-    while time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=0.1)
-        except queue.Empty:
-            continue
-        seen.append(line)
-        if m := re.search(pattern, line):
-            return m
-    raise AssertionError(f"no {pattern!r} in server output:\n{''.join(seen)}")
