@@ -31,6 +31,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from specserve.bench.hostile import HostileRun, hostile_client
 from specserve.bench.report import Column, format_table, out_paths, write_json
@@ -148,7 +149,10 @@ def main(args: argparse.Namespace) -> None:
         print(hostile_report(run, quiet, bad))
     if args.out:
         json_path, png_path = out_paths(args.out)
-        write_json(json_path, load_record(work, sspec.spec_type, run, samples, flatness))
+        record = load_record(work, sspec.spec_type, run, samples, flatness)
+        if args.hostile:
+            record["hostile"] = hostile_record(run, quiet, bad)
+        write_json(json_path, record)
         plot_rss(samples, png_path)
         print(f"wrote {json_path} and {png_path}")
 
@@ -186,23 +190,36 @@ def quiet_texts(url: str, max_tokens: int) -> dict[int, str]:
     return {r.prompt: r.text for r in run.requests}
 
 
-def hostile_report(run: RunResult, quiet: dict[int, str], hostile: list[HostileRun]) -> str:
+def hostile_record(
+    run: RunResult, quiet: dict[int, str], hostile: list[HostileRun]
+) -> dict[str, Any]:
     """The normal clients' texts against the quiet pass, and what the hostile ones got."""
     done = [r for r in run.requests if r.error is None]
-    differ = [r for r in done if r.text != quiet.get(r.prompt)]
     statuses = sum((h.statuses for h in hostile), Counter())
-    wrong = [w for h in hostile for w in h.wrong]
+    return {
+        "answers": len(done),
+        "different": [r.prompt for r in done if r.text != quiet.get(r.prompt)],
+        "errors": run.errors,
+        "sent": sum(h.sent for h in hostile),
+        "statuses": {str(s): n for s, n in sorted(statuses.items())},
+        "wrong": [w for h in hostile for w in h.wrong],
+    }
+
+
+def hostile_report(run: RunResult, quiet: dict[int, str], hostile: list[HostileRun]) -> str:
+    """hostile_record in words: one line for the normal clients, one for the hostile."""
+    r = hostile_record(run, quiet, hostile)
     lines = [
-        f"normal clients: {len(done) - len(differ)} of {len(done)} answers equal to the quiet "
-        f"pass's (target all), {run.errors} errors (target 0)",
-        f"hostile clients: {sum(h.sent for h in hostile)} bad requests, statuses "
-        + ", ".join(f"{s}: {n}" for s, n in sorted(statuses.items()))
-        + f"; {len(wrong)} answered outside their allowed statuses (target 0)",
+        f"normal clients: {r['answers'] - len(r['different'])} of {r['answers']} answers equal "
+        f"to the quiet pass's (target all), {r['errors']} errors (target 0)",
+        f"hostile clients: {r['sent']} bad requests, statuses "
+        + ", ".join(f"{s}: {n}" for s, n in r["statuses"].items())
+        + f"; {len(r['wrong'])} answered outside their allowed statuses (target 0)",
     ]
-    if differ:
-        lines.append(f"first different answer: prompt {differ[0].prompt}")
-    if wrong:
-        lines.append(f"first wrong answers: {wrong[:5]}")
+    if r["different"]:
+        lines.append(f"first different answer: prompt {r['different'][0]}")
+    if r["wrong"]:
+        lines.append(f"first wrong answers: {r['wrong'][:5]}")
     return "\n".join(lines)
 
 

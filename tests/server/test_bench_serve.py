@@ -74,14 +74,14 @@ def test_rss_flatness(rss: list[float], flat: bool | None) -> None:
 
 
 def test_bench_serve_load_with_a_hostile_client(
-    tiny_folder: Path, capsys: pytest.CaptureFixture[str]
+    tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A short load run with one hostile client: the normal clients' answers equal the
     quiet pass's, and every bad request got an allowed status."""
     argv = ["bench", "serve", "--model", str(tiny_folder), "--dtype", "float64"]
     argv += ["--device", "cpu", "--threads", "1", "--load", "--duration", "4"]
     argv += ["--sample-every", "1", "--clients", "2", "--max-tokens", "8", "--hostile", "1"]
-    assert main([*argv, "--in-process"]) == 0
+    assert main([*argv, "--in-process", "--out", str(tmp_path / "load")]) == 0
     out = capsys.readouterr().out
     normal = next(line for line in out.splitlines() if line.startswith("normal clients:"))
     done = int(normal.split(" of ")[1].split()[0])
@@ -90,3 +90,5 @@ def test_bench_serve_load_with_a_hostile_client(
     hostile = next(line for line in out.splitlines() if line.startswith("hostile clients:"))
     assert "; 0 answered outside their allowed statuses" in hostile
     assert int(hostile.split()[2]) >= 3  # one bad request a second
+    record = json.loads((tmp_path / "load.json").read_text())["hostile"]
+    assert record["answers"] == done and record["different"] == record["wrong"] == []
