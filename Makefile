@@ -42,6 +42,7 @@ lint: setup
 	$(BIN)/ruff check specserve tests
 	$(BIN)/ruff format --check specserve tests
 	$(BIN)/mypy specserve
+	$(BIN)/lint-imports
 
 format: setup
 	$(BIN)/ruff format specserve tests

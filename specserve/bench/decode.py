@@ -24,7 +24,7 @@ from specserve.bench.args import positive
 from specserve.bench.server_process import read_rss_mib, reset_peak_rss
 from specserve.engine.runner import ModelRunner, SlotInput
 from specserve.errors import SpecserveError
-from specserve.server.trim import release_freed_memory
+from specserve.trim import release_freed_memory
 
 KS = (1, 2, 4, 8, 16)
 

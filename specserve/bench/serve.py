@@ -30,7 +30,7 @@ from pathlib import Path
 
 from specserve.bench.args import positive
 from specserve.bench.report import Column, format_table, out_paths, write_json
-from specserve.bench.server_process import ServerSpec, launch
+from specserve.bench.server_process import ServerSpec, launch, server_spec
 from specserve.bench.workload import RunResult, Workload, run_workload, warm_up
 from specserve.models.layers.quant import WEIGHT_MODES
 from specserve.server.cli_args import DEFAULT_SPEC
@@ -157,19 +157,6 @@ def main(args: argparse.Namespace) -> None:
         write_json(json_path, record | {"runs": [asdict(r) for r in runs]})
         plot(rows, png_path)
         print(f"wrote {json_path} and {png_path}")
-
-
-def server_spec(args: argparse.Namespace, slots: int, spec: str) -> ServerSpec:
-    return ServerSpec(
-        model=str(args.model),
-        dtype=args.dtype,
-        weights=args.weights,
-        slots=slots,
-        spec_type=args.spec_type if spec == "on" else "none",
-        device=args.device,
-        ctx_size=args.ctx_size,
-        threads=args.threads,
-    )
 
 
 def run_order(specs: list[str], slots: list[int], repeats: int) -> list[tuple[str, int]]:

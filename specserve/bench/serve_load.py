@@ -41,6 +41,7 @@ from specserve.bench.server_process import (
     RssSampler,
     ServerProcess,
     launch,
+    server_spec,
 )
 from specserve.bench.workload import (
     PROMPTS,
@@ -119,8 +120,6 @@ def _slope_per_min(samples: list[Sample]) -> float:
 
 def main(args: argparse.Namespace) -> None:
     """Run the load, print the RSS table and the verdicts, write --out files if asked."""
-    from specserve.bench.serve import server_spec
-
     slots = args.slots or [4]
     if len(slots) != 1:
         raise SpecserveError("--load runs one server: give one --slots value (default 4)")

@@ -285,3 +285,17 @@ class RssSampler:
     def _sample(self) -> None:
         t = time.monotonic() - self._t0
         self.samples.append((t, read_rss_mib(self.pid), self.progress()))
+
+
+def server_spec(args: argparse.Namespace, slots: int, spec: str) -> ServerSpec:
+    """The server `bench serve` starts for `slots` slots and speculation `spec` (on/off)."""
+    return ServerSpec(
+        model=str(args.model),
+        dtype=args.dtype,
+        weights=args.weights,
+        slots=slots,
+        spec_type=args.spec_type if spec == "on" else "none",
+        device=args.device,
+        ctx_size=args.ctx_size,
+        threads=args.threads,
+    )

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from specserve.batch import FlatBatch
 from specserve.errors import SpecserveError
-from specserve.models.batch import FlatBatch
 
 
 class KVCache:

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specserve.batch import FlatBatch
 from specserve.cache.kv import KVCache
-from specserve.models.batch import FlatBatch
 from specserve.ops.naive.gated_delta import compute_dtype
 
 

@@ -27,7 +27,7 @@ import torch
 
 from specserve.engine import json_grammar
 from specserve.engine.json_grammar import State
-from specserve.spec.verify import (
+from specserve.speculative.verify import (
     Stream,
     VerifyResult,
     position_uniforms,

@@ -30,10 +30,10 @@ from specserve.engine.sampling import (
 from specserve.engine.scheduler import Scheduler, StepPlan
 from specserve.engine.threads import ThreadTuner
 from specserve.errors import SpecserveError
-from specserve.spec.adaptive import DraftBudget
-from specserve.spec.base import Draft, DraftRequest, Speculator
-from specserve.spec.cost import ForwardCost
-from specserve.spec.verify import VerifyResult, verify_greedy, verify_slot
+from specserve.speculative.adaptive import DraftBudget
+from specserve.speculative.base import Draft, DraftRequest, Speculator
+from specserve.speculative.cost import ForwardCost
+from specserve.speculative.verify import VerifyResult, verify_greedy, verify_slot
 
 log = logging.getLogger("specserve.engine")
 T = TypeVar("T")
@@ -86,6 +86,19 @@ class Engine:
         self.prompts = PromptCache(runner.memory, enabled=prompt_cache and not runner.record_hidden)
         self.scheduler = Scheduler(runner.memory.num_slots, prefill_chunk, self.prompts)
 
+    @property
+    def max_len(self) -> int:
+        """Tokens one slot holds: a request's prompt and output together."""
+        return self.runner.memory.max_len
+
+    @property
+    def num_slots(self) -> int:
+        return self.runner.memory.num_slots
+
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.vocab_size
+
     def add_request(self, req: Request) -> Request:
         max_len = self.runner.memory.max_len
         if not req.prompt:
@@ -108,54 +121,80 @@ class Engine:
         return self.scheduler.has_work()
 
     def step(self) -> list[StepOutput]:
+        """Schedule, draft, one forward, verify, commit, feed back and emit."""
         plan = self.scheduler.schedule()
         if not plan:
             return []
-        base_rows = len(plan.decode) + sum(len(chunk) for _, chunk, _ in plan.prefill)
-        drafts = self._draft(plan.decode, base_rows)
+        drafts = self._draft(plan)
+        try:
+            logits = self._forward(plan, drafts)
+        except Exception as e:
+            return self._recompute_or_fail(plan.requests, e)
+        n_pre = len(plan.prefill)
+        out = self._after_prefills(plan, logits[:n_pre])
+        results = self._verify(plan.decode, drafts, logits[n_pre:])
+        self._commit(plan.decode, results)
+        return out + self._feed_back(plan.decode, drafts, results, logits[n_pre:])
+
+    def _forward(self, plan: StepPlan, drafts: list[Draft]) -> list[torch.Tensor]:
+        """One forward over the plan's prompt chunks and [last, d1..dk] of each decoding
+        slot, timed for the draft cost model and the thread tuner."""
         work = self._work(plan, drafts)
         rows = sum(len(w.tokens) for w in work)
         threads = self.threads.pick(rows) if self.threads else 0
         t0 = time.perf_counter()
-        try:
-            logits = self.runner.forward(work)
-        except Exception as e:
-            batch = [r for r, _, _ in plan.prefill] + plan.decode
-            return self._recompute_or_fail(batch, e)
+        logits = self.runner.forward(work)
         seconds = time.perf_counter() - t0
         if self._measures_verify_cost(plan, rows, threads):
             self.cost.record(rows, seconds)
         if self.threads:
             self.threads.record(rows, threads, seconds)
-        n_pre = len(plan.prefill)
-        out = [
+        return logits
+
+    def _after_prefills(self, plan: StepPlan, logits: list[torch.Tensor]) -> list[StepOutput]:
+        outs = [
             self._isolated(r, self._after_prefill, r, c, lg)
-            for (r, c, _), lg in zip(plan.prefill, logits[:n_pre], strict=True)
+            for (r, c, _), lg in zip(plan.prefill, logits, strict=True)
         ]
-        verified = list(zip(plan.decode, drafts, logits[n_pre:], strict=True))
-        results = [self._isolated(req, self._sample, req, lg, d) for req, d, lg in verified]
-        # keep each slot's last token and its accepted drafts; the new token is fed next step
+        return [o for o in outs if o is not None]
+
+    def _verify(
+        self, decoding: list[Request], drafts: list[Draft], logits: list[torch.Tensor]
+    ) -> list[VerifyResult | StepOutput]:
+        """Each slot's verified tokens, or its failure (StepOutput) when that was its own."""
+        return [
+            self._isolated(req, self._sample, req, lg, d)
+            for req, d, lg in zip(decoding, drafts, logits, strict=True)
+        ]
+
+    def _commit(self, decoding: list[Request], results: list[VerifyResult | StepOutput]) -> None:
+        """Keep each slot's last token and its accepted drafts; the new token is fed next."""
         self.runner.commit(
             {
                 req.slot: len(req.context) + v.accepted
-                for (req, _, _), v in zip(verified, results, strict=True)
+                for req, v in zip(decoding, results, strict=True)
                 if isinstance(v, VerifyResult)
             }
         )
-        out += [
+
+    def _feed_back(
+        self,
+        decoding: list[Request],
+        drafts: list[Draft],
+        results: list[VerifyResult | StepOutput],
+        logits: list[torch.Tensor],
+    ) -> list[StepOutput]:
+        return [
             v if isinstance(v, StepOutput) else self._isolated(req, self._accept, req, d, v, lg)
-            for (req, d, lg), v in zip(verified, results, strict=True)
+            for req, d, v, lg in zip(decoding, drafts, results, logits, strict=True)
         ]
-        return [o for o in out if o is not None]
 
     def _measures_verify_cost(self, plan: StepPlan, rows: int, threads: int) -> bool:
         """Whether this forward's time is a sample of what `rows` decode rows cost.
 
-        Not with a prompt chunk in it: prompt rows skip the LM head, so a 38-row step with a
-        35-token chunk cost ~2.5x a 4-row one, and interpolated between the two a draft's
-        rows at 4 slots looked nearly free. Not on a thread count the tuner only tries: its
-        ~1.5x slower forwards made a 5-row step of 4 slots look 2.5-3.6 slots' shares dearer
-        than a 4-row one, or no dearer when a try landed among the 4-row samples."""
+        Not with a prompt chunk in it: prompt rows skip the LM head, so a draft's rows would
+        look nearly free beside them. Not on a thread count the tuner only tries: its slower
+        forwards would make the rows they carry look dearer than they are."""
         if plan.prefill:
             return False
         return not self.threads or threads == self.threads.best(rows)
@@ -172,7 +211,10 @@ class Engine:
         req.timings.draft_n_accepted += result.accepted
         return self._emit(req, result.tokens, rows)
 
-    def _draft(self, decoding: list[Request], base_rows: int) -> list[Draft]:
+    def _draft(self, plan: StepPlan) -> list[Draft]:
+        """One draft per decoding slot (empty where it has none or speculation is off)."""
+        decoding = plan.decode
+        base_rows = len(decoding) + sum(len(chunk) for _, chunk, _ in plan.prefill)
         wanted = [r for r in decoding if r.spec.n_max > 0]
         if self.speculator is None or not wanted:
             return [Draft() for _ in decoding]

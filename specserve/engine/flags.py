@@ -13,7 +13,7 @@ from specserve.engine.request import SpecParams
 from specserve.engine.rollback import STRATEGIES
 from specserve.engine.setup import EngineSettings
 from specserve.models.layers.quant import WEIGHT_MODES
-from specserve.spec.registry import SPEC_TYPES, parse_types
+from specserve.speculative.registry import SPEC_TYPES, parse_types
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 

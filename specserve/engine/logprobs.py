@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specserve.spec.verify import ranked_ids
+from specserve.speculative.verify import ranked_ids
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
 

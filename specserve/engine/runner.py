@@ -15,10 +15,10 @@ import time
 
 import torch
 
+from specserve.batch import FlatBatch, SlotInput
 from specserve.cache.memory import Memory
 from specserve.engine.rollback import RollbackPolicy
 from specserve.errors import SpecserveError
-from specserve.models.batch import FlatBatch, SlotInput
 from specserve.models.layers.embedding import rows_dtype_device
 from specserve.models.layers.lowbit import writes_into
 from specserve.models.registry import LanguageModel

@@ -9,7 +9,7 @@ Pipeline (the order HF and vLLM use):
 
 Randomness. A request never owns a stateful generator. The uniform behind the token at
 absolute position t (prompt included) is a counter-based hash of (seed, t, stream)
-(SplitMix64, see `specserve.spec.verify.position_uniforms`), and a token is drawn by
+(SplitMix64, see `specserve.speculative.verify.position_uniforms`), and a token is drawn by
 inverse CDF from that one uniform. Consequences:
 
 - a request's tokens do not depend on which other requests share the batch, nor on the
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specserve.engine.logprobs import MAX_TOP_LOGPROBS
-from specserve.spec.verify import Stream, argmax_rows, position_uniforms, sample_from_probs
+from specserve.speculative.verify import Stream, argmax_rows, position_uniforms, sample_from_probs
 
 # below these, x / temperature overflows and top_p's mass comparison underflows
 MIN_TEMPERATURE = 1e-5
@@ -225,7 +225,7 @@ def _argmax_where_no_mass(probs: torch.Tensor, logits: torch.Tensor) -> None:
 
 
 def greedy(logits: torch.Tensor) -> list[int]:
-    """logits: [N, V] -> the first argmax of each row (spec/verify.py argmax_rows)."""
+    """logits: [N, V] -> the first argmax of each row (speculative/verify.py argmax_rows)."""
     return argmax_rows(logits)
 
 

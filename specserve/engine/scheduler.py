@@ -22,6 +22,11 @@ class StepPlan:
     def __bool__(self) -> bool:
         return bool(self.prefill or self.decode)
 
+    @property
+    def requests(self) -> list[Request]:
+        """Every request the step's forward carries."""
+        return [r for r, _, _ in self.prefill] + self.decode
+
 
 class Scheduler:
     def __init__(self, num_slots: int, prefill_chunk: int, cache: PromptCache) -> None:

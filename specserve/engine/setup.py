@@ -17,9 +17,9 @@ from specserve.engine.threads import ThreadTuner
 from specserve.errors import SpecserveError
 from specserve.loading.model import LoadedModel, load_model
 from specserve.models.layers.invariant import make_batch_invariant
-from specserve.spec.base import Speculator
-from specserve.spec.cost import ForwardCost
-from specserve.spec.registry import build_speculator, parse_types
+from specserve.speculative.base import Speculator
+from specserve.speculative.cost import ForwardCost
+from specserve.speculative.registry import build_speculator, parse_types
 
 
 @dataclass

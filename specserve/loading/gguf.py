@@ -175,7 +175,7 @@ def read_gguf(path: Path) -> tuple[ModelConfig, Tensors, dict]:
     reader = open_gguf(path)
     meta = metadata(reader)
     if meta.get("general.architecture") in hybrid.GGUF_ARCHS:
-        return hybrid.read_gguf(reader, meta)
+        return hybrid.read_gguf(reader, meta, page_dropper(reader), raw_table)
     by_name = {t.name: t for t in reader.tensors}
     cfg = config_from_gguf(meta, set(by_name))
     if cfg.vocab_size < 0:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from specserve.models.layers.lowbit import LowbitCall
-from specserve.server.trim import release_freed_memory
+from specserve.trim import release_freed_memory
 
 HUGE_PAGE = 2 << 20
 ALIGN = 64  # each record tensor starts on a cache line, as torch's own allocations do

@@ -26,7 +26,7 @@ from specserve.models.layers.quant import WEIGHT_MODES, Int4Linear, Int8Linear, 
 from specserve.models.registry import LanguageModel
 from specserve.ops.cpu.build import available as lowbit_available
 from specserve.ops.cpu.build import problem as lowbit_problem
-from specserve.server.trim import release_freed_memory
+from specserve.trim import release_freed_memory
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -322,13 +322,15 @@ def read_hf(
 
 
 def read_gguf(
-    reader: Any, meta: dict[str, Any]
+    reader: Any,
+    meta: dict[str, Any],
+    drop: Callable[[Any], None],
+    raw_table: Callable[[str, Any], QuantizedTable | None],
 ) -> tuple[HybridConfig, Iterator[tuple[str, torch.Tensor | QuantizedTable]], dict[str, Any]]:
     """An open GGUFReader and its metadata -> config, tensor stream, metadata (the
-    embedding and LM head come as QuantizedTables when block-quantized, as in gguf.py)."""
+    embedding and LM head come as QuantizedTables when block-quantized, as in gguf.py).
+    gguf.py, which calls it, hands in its page dropper and its raw-table rule."""
     from gguf.quants import dequantize
-
-    from specserve.loading.gguf import page_dropper, raw_table
 
     by_name = {t.name: t for t in reader.tensors}
     # the reader gives ggml's dimension order; ours (and numpy's) is the reverse
@@ -340,8 +342,6 @@ def read_gguf(
         for n, t in by_name.items()
         if (m := gguf_name(n, cfg))
     }
-
-    drop = page_dropper(reader)
 
     def raw() -> Iterator[tuple[str, torch.Tensor | QuantizedTable]]:
         for name, t in by_name.items():

@@ -7,8 +7,8 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from specserve.batch import FlatBatch
 from specserve.cache.kv import KVCache
-from specserve.models.batch import FlatBatch
 from specserve.models.config import ModelConfig
 from specserve.models.layers.attention import Attention
 from specserve.models.layers.basic import GatedMLP, RMSNorm, RotaryEmbedding, add_norm

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specserve.batch import FlatBatch
 from specserve.cache.kv import KVCache
 from specserve.cache.recurrent import HybridCache, RecurrentCache, RecurrentShape
-from specserve.models.batch import FlatBatch
 from specserve.models.config import LINEAR, HybridConfig
 from specserve.models.layers.basic import GatedMLP, RMSNorm
 from specserve.models.layers.embedding import Embedding, rows_dtype_device

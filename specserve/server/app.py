@@ -29,7 +29,7 @@ from specserve.engine.request import SpecParams
 from specserve.loading.tokenizer import Tokenizer
 from specserve.server import metrics
 from specserve.server.errors import ApiError
-from specserve.server.generate import Generator
+from specserve.server.generate import OpenAIEndpoints
 from specserve.server.loop import EngineLoop
 from specserve.server.protocol import (
     ChatCompletionRequest,
@@ -78,7 +78,7 @@ def build_app(loop: EngineLoop, tokenizer: Tokenizer, cfg: ServerConfig) -> Fast
 
     app = FastAPI(title="specserve", lifespan=lifespan)
     _install_error_handlers(app)
-    gen = Generator(loop, tokenizer, cfg.model_id, cfg.spec_types, cfg.spec_defaults)
+    gen = OpenAIEndpoints(loop, tokenizer, cfg.model_id, cfg.spec_types, cfg.spec_defaults)
     # the Host and API key checks and the body limits run before a handler reads the body
     app.add_middleware(TransportMiddleware, limits=cfg.transport, api_key=cfg.api_key)
     app.add_middleware(RequestIdMiddleware)  # outermost: its id names the refusals too
@@ -102,7 +102,7 @@ def build_app(loop: EngineLoop, tokenizer: Tokenizer, cfg: ServerConfig) -> Fast
 
     @v1.get("/slots")
     async def slots() -> list[dict[str, Any]]:
-        return loop.snapshot.slots
+        return loop.status.slots
 
     @app.get("/health")
     async def health() -> JSONResponse:

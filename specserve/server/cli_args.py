@@ -172,7 +172,7 @@ def build_server(args: argparse.Namespace) -> tuple[EngineLoop, ServerConfig, Lo
         spec_types=settings.spec_types if speculating else (),
         spec_defaults=defaults if speculating else SpecParams(n_max=0),
         drain_timeout=args.drain_timeout,
-        transport=transport_limits(args, engine.runner.memory.max_len),
+        transport=transport_limits(args, engine.max_len),
     )
     return loop, cfg, loaded
 
@@ -192,7 +192,7 @@ def run_serve(args: argparse.Namespace) -> None:
     loop, cfg, loaded = build_server(args)
     assert loaded.tokenizer is not None
     app = build_app(loop, loaded.tokenizer, cfg)
-    slots, ctx = loop.num_slots, loop.engine.runner.memory.max_len
+    slots, ctx = loop.num_slots, loop.engine.max_len
     logging.getLogger("specserve").info(
         "serving %s: %d slots x %d tokens, speculative types: %s",
         cfg.model_id,

@@ -68,7 +68,7 @@ class EngineStream(StreamingResponse):
             self.handle.cancel()  # no-op when it finished
 
 
-class Generator:
+class OpenAIEndpoints:
     """Turns OpenAI requests into engine requests and engine events into OpenAI responses."""
 
     def __init__(
@@ -84,8 +84,8 @@ class Generator:
         self.model_id = model_id
         self.spec_types = spec_types
         self.spec_defaults = spec_defaults
-        self.max_len = loop.engine.runner.memory.max_len
-        self.vocab_size = loop.engine.runner.vocab_size
+        self.max_len = loop.engine.max_len
+        self.vocab_size = loop.engine.vocab_size
         # template rendering and tokenization take seconds for a large prompt: off the event
         # loop, one at a time (a tokenizer is not made for concurrent calls)
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="specserve-prompt")

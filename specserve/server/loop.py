@@ -8,7 +8,7 @@
     handle.cancel()                 --inbox-->   engine.abort(request), between steps
 
 Only the engine thread touches the engine. The HTTP side reads counters and slot states
-from a `Snapshot` the thread publishes after every step (one attribute assignment, so a
+from a `EngineStatus` the thread publishes after every step (one attribute assignment, so a
 reader never sees half an update).
 """
 
@@ -33,7 +33,7 @@ from specserve.engine.threads import ComputeThread
 from specserve.errors import SpecserveError
 from specserve.server.health import DEFAULT_STALL_TIMEOUT, Health, warm_up
 from specserve.server.metrics import Latency
-from specserve.server.trim import BUSY_TRIM_S, release_freed_memory
+from specserve.trim import BUSY_TRIM_S, release_freed_memory
 
 log = logging.getLogger("specserve.server")
 
@@ -66,7 +66,7 @@ class Event:
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class EngineStatus:
     """Engine state as the HTTP side may read it (built by the engine thread)."""
 
     slots: list[dict[str, Any]] = field(default_factory=list)
@@ -151,9 +151,9 @@ class EngineLoop:
         if max_queue < 0:
             raise SpecserveError(f"--max-queue must be >= 0, got {max_queue}")
         self.engine = engine
-        self.num_slots = engine.runner.memory.num_slots
+        self.num_slots = engine.num_slots
         self.capacity = self.num_slots + max_queue
-        self.snapshot = Snapshot()
+        self.status = EngineStatus()
         self.health = Health(stall_timeout)
         self.latency = Latency()  # observed by the engine thread, exposed by /metrics
         self._inbox: queue.Queue[tuple[_Kind, Handle | None]] = queue.Queue()
@@ -166,7 +166,7 @@ class EngineLoop:
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._finished: Counter[str] = Counter({"stop": 0, "length": 0, "abort": 0, "error": 0})
-        self.trims = 0  # times idle memory was handed back (server/trim.py)
+        self.trims = 0  # times idle memory was handed back (trim.py)
         self.busy_trims = 0  # ... and trims while busy
 
     # -- event loop side -------------------------------------------------------------------
@@ -361,7 +361,7 @@ class EngineLoop:
     def _publish(self) -> None:
         sched = self.engine.scheduler
         spec = self.engine.speculator
-        self.snapshot = Snapshot(
+        self.status = EngineStatus(
             slots=slot_states(self.engine),
             running=len(sched.running),
             waiting=len(sched.waiting),
@@ -375,9 +375,9 @@ class EngineLoop:
 def slot_states(engine: Engine) -> list[dict[str, Any]]:
     """One llama.cpp-like entry per slot (GET /slots): idle, or the request it runs."""
     by_slot = {r.slot: r for r in engine.scheduler.running}
-    n_ctx = engine.runner.memory.max_len
+    n_ctx = engine.max_len
     states: list[dict[str, Any]] = []
-    for slot in range(engine.runner.memory.num_slots):
+    for slot in range(engine.num_slots):
         req = by_slot.get(slot)
         state: dict[str, Any] = {"id": slot, "id_task": -1, "n_ctx": n_ctx}
         state |= {"is_processing": req is not None, "state": "idle", "speculative": False}

@@ -3,7 +3,7 @@ under `specserve:`.
 
 vLLM's `vllm:spec_decode_num_drafts` (a counter, exposed with the `_total` suffix) becomes
 `specserve:spec_decode_num_drafts_total`, and so on, so dashboards built for vLLM's panels
-need only the prefix changed. Gauges and counters are read from the snapshot the engine
+need only the prefix changed. Gauges and counters are read from the EngineStatus the engine
 thread publishes (`EngineCollector`); the latency histograms are observed by the engine
 thread as requests produce tokens and end (`Latency`). Each app has its own
 CollectorRegistry: several servers may run in one process (the tests do).
@@ -96,24 +96,26 @@ class EngineCollector(Collector):
         self.model = model
 
     def collect(self) -> Iterator[Metric]:
-        snap = self.loop.snapshot
-        yield self._one(GAUGE, "num_requests_running", "Requests in a slot.", snap.running)
-        yield self._one(GAUGE, "num_requests_waiting", "Requests waiting for a slot.", snap.waiting)
+        status = self.loop.status
+        yield self._one(GAUGE, "num_requests_running", "Requests in a slot.", status.running)
+        yield self._one(
+            GAUGE, "num_requests_waiting", "Requests waiting for a slot.", status.waiting
+        )
         success = CounterMetricFamily(
             PREFIX + "request_success_total",
             "Finished requests by finish reason (abort: cancelled or client gone).",
             labels=["model_name", "finished_reason"],
         )
-        for reason, n in sorted(snap.finished.items()):
+        for reason, n in sorted(status.finished.items()):
             success.add_metric([self.model, reason], n)
         yield success
         yield self._one(
-            COUNTER, "prompt_tokens_total", "Prompt tokens admitted.", snap.prompt_tokens
+            COUNTER, "prompt_tokens_total", "Prompt tokens admitted.", status.prompt_tokens
         )
         yield self._one(
-            COUNTER, "generation_tokens_total", "Tokens generated.", snap.generation_tokens
+            COUNTER, "generation_tokens_total", "Tokens generated.", status.generation_tokens
         )
-        yield from self._spec(snap.spec or {})
+        yield from self._spec(status.spec or {})
         for family in self.loop.latency.families():
             yield _labelled(family, self.model)
 

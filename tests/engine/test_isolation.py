@@ -18,7 +18,7 @@ from specserve.engine.request import Request, SpecParams
 from specserve.engine.runner import ModelRunner
 from specserve.engine.sampling import SamplingParams, probs_from_logits
 from specserve.loading.model import load_model
-from specserve.spec.registry import build_speculator
+from specserve.speculative.registry import build_speculator
 from tests.tiny import VOCAB, write_hf_folder
 from tests.tiny_hybrid import write_hybrid_folder
 

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from specserve.engine.engine import Engine
-from specserve.engine.prompt_cache import shared_prefix
 from specserve.engine.request import Request, SpecParams
 from specserve.engine.runner import ModelRunner
 from specserve.engine.sampling import SamplingParams
 from specserve.loading.model import load_model
 from specserve.models.registry import LanguageModel
-from specserve.spec.registry import build_speculator
+from specserve.speculative.registry import build_speculator
+from specserve.tokens import shared_prefix
 from tests.tiny import VOCAB, write_hf_folder
 from tests.tiny_hybrid import write_hybrid_folder
 

@@ -16,9 +16,9 @@ from specserve.engine.request import Request, SpecParams
 from specserve.engine.runner import ModelRunner
 from specserve.engine.sampling import SamplingParams
 from specserve.loading.model import load_model
-from specserve.spec.rates import AcceptanceModel
-from specserve.spec.registry import build_speculator
-from specserve.spec.tenants import PerTenant
+from specserve.speculative.rates import AcceptanceModel
+from specserve.speculative.registry import build_speculator
+from specserve.speculative.tenants import PerTenant
 from tests.tiny import VOCAB, write_hf_folder
 
 

@@ -25,7 +25,7 @@ from specserve.engine.threads import (
 )
 from specserve.loading.model import load_model
 from specserve.models.layers.packed import PackedLinear
-from specserve.spec.cost import ForwardCost
+from specserve.speculative.cost import ForwardCost
 from tests.tiny import write_hf_folder
 
 

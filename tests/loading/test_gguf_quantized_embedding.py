@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch import nn
 
+from specserve.batch import FlatBatch
 from specserve.engine.runner import ModelRunner, SlotInput
 from specserve.loading import convert
 from specserve.loading import gguf as gguf_loading
 from specserve.loading.model import load_model
-from specserve.models.batch import FlatBatch
 from specserve.models.layers.embedding import QuantizedEmbedding, QuantizedTable
 from specserve.models.layers.lowbit import LowbitLinear
 from specserve.models.layers.quant import quantize_weight
@@ -211,7 +211,7 @@ def test_mtp_speculation_on_a_quantized_embedding(
     from specserve.engine.engine import Engine
     from specserve.engine.request import Request, SpecParams
     from specserve.engine.sampling import SamplingParams
-    from specserve.spec.registry import build_speculator
+    from specserve.speculative.registry import build_speculator
 
     hf = make_hybrid_model("qwen3_5", seed=4, vocab_size=VOCAB)
     path = write_hybrid_gguf(

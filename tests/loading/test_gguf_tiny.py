@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specserve.batch import FlatBatch
 from specserve.loading.model import load_model
-from specserve.models.batch import FlatBatch
 from tests.models.test_dense_vs_transformers import _reference_norms_in_input_dtype  # noqa: F401
 from tests.tiny import VOCAB, make_hf_model
 from tests.tiny_gguf import write_gguf

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from specserve.batch import FlatBatch
 from specserve.loading import hugepages
 from specserve.loading.hugepages import (
     HUGE_PAGE,
@@ -16,7 +17,6 @@ from specserve.loading.hugepages import (
     records_to_huge_pages,
 )
 from specserve.loading.model import load_model
-from specserve.models.batch import FlatBatch
 from specserve.models.layers.lowbit import FusedLowbit, LowbitCall
 from specserve.ops.cpu.build import problem
 from tests.tiny import VOCAB, make_hf_model

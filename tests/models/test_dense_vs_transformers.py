@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specserve.batch import FlatBatch
 from specserve.loading.model import load_model
-from specserve.models.batch import FlatBatch
 from tests.tiny import VOCAB, write_hf_folder
 
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]

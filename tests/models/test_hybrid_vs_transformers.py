@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specserve.batch import FlatBatch
 from specserve.loading.model import load_model
-from specserve.models.batch import FlatBatch
 from tests.tiny import VOCAB
 from tests.tiny_hybrid import HYBRID_ARCHS, write_hybrid_folder
 

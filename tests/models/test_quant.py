@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from specserve.batch import FlatBatch
 from specserve.cache.kv import KVCache
 from specserve.loading.model import linear_modes, load_model
-from specserve.models.batch import FlatBatch
 from specserve.models.layers.lowbit import FusedPart, LowbitLinear, int4_groups
 from specserve.models.layers.quant import (
     GROUP,

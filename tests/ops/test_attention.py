@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specserve.models.batch import FlatBatch
+from specserve.batch import FlatBatch
 from specserve.models.layers.basic import RotaryEmbedding
 from specserve.ops.cpu.build import problem
 from specserve.ops.fast.attention import cached_attention as fast

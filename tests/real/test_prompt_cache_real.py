@@ -32,7 +32,7 @@ def _generate(engine: Engine, prompt: list[int], spec: bool) -> Request:
 def test_follow_up_from_the_cache_equals_a_full_prefill(
     weights: str, qwen05_path, real_threads
 ) -> None:  # noqa: ANN001
-    from specserve.spec.registry import build_speculator
+    from specserve.speculative.registry import build_speculator
 
     loaded = load_model(qwen05_path, "float32", weights=weights)
     tok = loaded.tokenizer

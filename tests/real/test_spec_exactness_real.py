@@ -19,7 +19,7 @@ from specserve.engine.request import Request, SpecParams
 from specserve.engine.runner import ModelRunner
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.setup import EngineSettings, build_engine
-from specserve.spec.base import SpecStats
+from specserve.speculative.base import SpecStats
 
 N_TOKENS = 128
 QUICKSORT_C = """```c

@@ -24,7 +24,7 @@ from specserve.loading.model import LoadedModel, load_model
 from specserve.server.app import ServerConfig, build_app
 from specserve.server.loop import EngineLoop
 from specserve.server.transport import TransportLimits, uvicorn_config
-from specserve.spec.registry import build_speculator
+from specserve.speculative.registry import build_speculator
 from tests.tiny import write_hf_folder, write_tokenizer
 
 MODEL_ID = "tiny"

@@ -11,7 +11,7 @@ import pytest
 
 from specserve.errors import SpecserveError
 from specserve.server.cli_args import add_serve_args, build_server
-from specserve.spec.registry import parse_types
+from specserve.speculative.registry import parse_types
 
 
 def parse(*argv: str) -> argparse.Namespace:

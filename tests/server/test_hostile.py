@@ -217,9 +217,9 @@ def test_clients_gone_mid_prefill_and_mid_verify_free_their_slots(server: LiveSe
         _drop_after(server, {**mid_prefill, "stream": True, "max_tokens": 200}, 0)
         _drop_after(server, mid_verify, 400)
     deadline = time.monotonic() + 30
-    while server.loop.snapshot.running and time.monotonic() < deadline:
+    while server.loop.status.running and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert server.loop.snapshot.running == 0  # every slot was freed
+    assert server.loop.status.running == 0  # every slot was freed
     assert _victim_text(server) == usual
 
 

@@ -118,7 +118,7 @@ def test_stop_string_ends_the_logprobs_at_its_token(live: LiveServer) -> None:
 
 def test_logprobs_with_drafts_equal_without(live: LiveServer, drafting: LiveServer) -> None:
     """Verification rows give each token what a one-token step gives (to float64 rounding
-    here; to the bit with --deterministic, tests/spec/test_exactness.py), and a stop string
+    here; to the bit with --deterministic, tests/speculative/test_exactness.py), and a stop string
     found inside a multi-token step ends the tokens where plain decoding ends them."""
     text, items = chat_logprobs(live, max_tokens=60)
     hint = {"prediction": {"type": "content", "content": text}}

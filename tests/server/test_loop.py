@@ -79,7 +79,7 @@ def test_loop_streams_refuses_and_reports_failures(tiny_model: LoadedModel) -> N
     finally:
         loop.stop(drain_timeout=5)
     assert not loop.alive
-    assert loop.snapshot.finished == {"stop": 0, "length": 1, "abort": 2, "error": 1}
+    assert loop.status.finished == {"stop": 0, "length": 1, "abort": 2, "error": 1}
 
 
 def test_memory_is_handed_back_each_time_the_engine_goes_idle(tiny_model: LoadedModel) -> None:
@@ -130,7 +130,7 @@ async def _wait_for(cond, timeout: float = 5.0) -> bool:  # noqa: ANN001
 
 
 def test_release_freed_memory_runs_glibc_malloc_trim() -> None:
-    from specserve.server.trim import release_freed_memory
+    from specserve.trim import release_freed_memory
 
     # every machine this project runs on has glibc; elsewhere it is a documented no-op
     assert release_freed_memory() is True

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specserve.batch import FlatBatch
 from specserve.cache.kv import KVCache
-from specserve.models.batch import FlatBatch
 from specserve.models.config import ModelConfig
 from specserve.models.layers.basic import RMSNorm, RotaryEmbedding, apply_rotary
 from specserve.models.layers.lowbit import joint_output

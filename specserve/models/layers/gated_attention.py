@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specserve.batch import FlatBatch
 from specserve.cache.kv import KVCache
-from specserve.models.batch import FlatBatch
 from specserve.models.config import HybridConfig
 from specserve.models.layers.basic import RMSNorm, RotaryEmbedding, apply_rotary
 from specserve.ops.naive.attention import cached_attention

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specserve.batch import FlatBatch
 from specserve.cache.recurrent import RecurrentCache
-from specserve.models.batch import FlatBatch
 from specserve.models.config import HybridConfig
 from specserve.ops.fast.gated_delta import gated_delta_rule
 from specserve.ops.fast.short_conv import causal_conv1d

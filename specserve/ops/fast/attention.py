@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specserve.models.batch import FlatBatch
+from specserve.batch import FlatBatch
 from specserve.ops.cpu.build import kernels_for
 from specserve.ops.naive.attention import visible_mask
 

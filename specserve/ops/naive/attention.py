@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specserve.models.batch import FlatBatch
+from specserve.batch import FlatBatch
 
 
 def visible_mask(q_pos: torch.Tensor, kv_len: int, window: int | None) -> torch.Tensor:

@@ -8,10 +8,10 @@ from specserve.engine.engine import Engine
 from specserve.engine.request import Request, SpecParams
 from specserve.engine.runner import ModelRunner
 from specserve.engine.sampling import SamplingParams
-from specserve.spec.base import DraftRequest
-from specserve.spec.prediction import MAX_MATCH, PredictionSpeculator
-from specserve.spec.registry import build_speculator
-from tests.spec.drive import distinct_tokens, random_tokens
+from specserve.speculative.base import DraftRequest
+from specserve.speculative.prediction import MAX_MATCH, PredictionSpeculator
+from specserve.speculative.registry import build_speculator
+from tests.speculative.drive import distinct_tokens, random_tokens
 from tests.tiny import VOCAB
 
 PROMPT = distinct_tokens(1, 20)
@@ -109,7 +109,7 @@ def test_vectorised_realignment_equals_the_readable_rule(seed: int) -> None:
 
     import numpy as np
 
-    from specserve.spec.prediction import _realign
+    from specserve.speculative.prediction import _realign
 
     rng = random.Random(seed)
     vocab = rng.choice([2, 3, 5])  # few distinct tokens: many occurrences and ties

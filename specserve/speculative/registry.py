@@ -6,20 +6,20 @@ from collections.abc import Callable, Sequence
 from importlib import import_module
 
 from specserve.errors import SpecserveError
-from specserve.spec.base import Speculator
-from specserve.spec.chain import ChainSpeculator
-from specserve.spec.draft_model import DraftModelSpeculator, DraftRunner
-from specserve.spec.mtp import MtpSpeculator, MtpTarget
+from specserve.speculative.base import Speculator
+from specserve.speculative.chain import ChainSpeculator
+from specserve.speculative.draft_model import DraftModelSpeculator, DraftRunner
+from specserve.speculative.mtp import MtpSpeculator, MtpTarget
 
 # name -> "module:Class" of the drafters that need nothing but their defaults
 _SIMPLE = {
-    "ngram-simple": "specserve.spec.ngram:NgramSimple",
-    "ngram-map-k": "specserve.spec.ngram:NgramMapK",
-    "ngram-map-k4v": "specserve.spec.ngram:NgramMapK4V",
-    "ngram-mod": "specserve.spec.ngram_mod:NgramMod",
-    "ngram-cache": "specserve.spec.ngram_cache:NgramCacheSpeculator",
-    "suffix": "specserve.spec.suffix:SuffixSpeculator",
-    "prediction": "specserve.spec.prediction:PredictionSpeculator",
+    "ngram-simple": "specserve.speculative.ngram:NgramSimple",
+    "ngram-map-k": "specserve.speculative.ngram:NgramMapK",
+    "ngram-map-k4v": "specserve.speculative.ngram:NgramMapK4V",
+    "ngram-mod": "specserve.speculative.ngram_mod:NgramMod",
+    "ngram-cache": "specserve.speculative.ngram_cache:NgramCacheSpeculator",
+    "suffix": "specserve.speculative.suffix:SuffixSpeculator",
+    "prediction": "specserve.speculative.prediction:PredictionSpeculator",
 }
 SPEC_TYPES = (*_SIMPLE, "draft", "mtp")
 

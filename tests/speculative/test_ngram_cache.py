@@ -10,9 +10,9 @@ from functools import partial
 import numpy as np
 import pytest
 
-from specserve.spec import ngram_cache
-from specserve.spec.base import DraftRequest
-from specserve.spec.ngram_cache import (
+from specserve.speculative import ngram_cache
+from specserve.speculative.base import DraftRequest
+from specserve.speculative.ngram_cache import (
     NgramCacheSpeculator,
     NgramCounts,
     build_static_cache,
@@ -20,8 +20,8 @@ from specserve.spec.ngram_cache import (
     ngram_cache_merge,
     ngram_cache_update,
 )
-from tests.spec import drive
-from tests.spec.drive import distinct_tokens, draft, random_tokens
+from tests.speculative import drive
+from tests.speculative.drive import distinct_tokens, draft, random_tokens
 
 generate = partial(drive.generate, n_max=16)  # these drafters' tests use 16
 

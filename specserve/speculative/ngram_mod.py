@@ -8,7 +8,7 @@ After llama.cpp's common/ngram-mod.{h,cpp} and its `ngram-mod` speculator (PR #1
 - a draft starts from the context's last n_match tokens, looks up the next token, slides
   the window over it and repeats, up to n_max tokens; a chain that breaks before n_min
   tokens gives no draft;
-- the table is shared by all slots of a tenant (spec/tenants.py), so their requests learn
+- the table is shared by all slots of a tenant (speculative/tenants.py), so their requests learn
   from each other; it is cleared when more than a quarter of it is in use at a slot's
   begin(), or after 5 drafts in a row of one slot had fewer than a quarter of their tokens
   accepted.
@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specserve.spec.base import Draft, DraftRequest, slot_state
-from specserve.spec.ngram import Speculator, check_positive
-from specserve.spec.tenants import PerTenant
+from specserve.speculative.base import Draft, DraftRequest, slot_state
+from specserve.speculative.ngram import Speculator, check_positive
+from specserve.speculative.tenants import PerTenant
 
 _MULT = 6364136223846793005  # llama.cpp's hash multiplier (Knuth's MMIX LCG constant)
 _MASK = (1 << 64) - 1
@@ -39,7 +39,7 @@ ADD_EVERY = 32  # a slot's new n-grams are added once it is this many tokens ahe
 MAX_OCCUPANCY = 0.25  # begin() clears the table when more of it is in use [llama.cpp]
 LOW_ACCEPT = 0.25  # a draft with a smaller accepted fraction counts as a low round [llama.cpp]
 LOW_ROUNDS = 5  # this many low rounds in a row of one slot clear the table [llama.cpp]
-MAX_TABLES = 4  # tenants whose tables are kept at once (spec/tenants.py)
+MAX_TABLES = 4  # tenants whose tables are kept at once (speculative/tenants.py)
 
 
 class NgramHashTable:
@@ -178,7 +178,7 @@ class NgramMod(Speculator):
         if isinstance(n_min, bool) or not isinstance(n_min, int) or not 0 <= n_min <= n_max:
             raise ValueError(f"n_min must be an integer in [0, n_max={n_max}], got {n_min!r}")
         self.n_match, self.n_min, self.n_max = n_match, n_min, n_max
-        # one table per tenant (spec/tenants.py), fewer kept than other speculators' state:
+        # one table per tenant (speculative/tenants.py), fewer kept than other speculators' state:
         # each is table_size buckets whether used or not
         self._tables = PerTenant(lambda: NgramHashTable(n_match, table_size), MAX_TABLES)
         self._seqs: dict[int, _SeqInfo] = {}

@@ -12,9 +12,9 @@ from specserve.engine.request import Request, SpecParams
 from specserve.engine.runner import ModelRunner
 from specserve.engine.sampling import SamplingParams
 from specserve.models.layers.invariant import make_batch_invariant
-from specserve.spec.base import Speculator
-from specserve.spec.registry import build_speculator
-from tests.spec.cases_seen import CasesSeen
+from specserve.speculative.base import Speculator
+from specserve.speculative.registry import build_speculator
+from tests.speculative.cases_seen import CasesSeen
 from tests.tiny import CHAR_END, VOCAB, json_mode
 
 N_TOKENS = 128

@@ -25,9 +25,9 @@ from specserve.engine.runner import ModelRunner
 from specserve.engine.sampling import SamplingParams
 from specserve.loading.model import load_model
 from specserve.models.qwen3_next import HybridTransformer
-from specserve.spec.base import Speculator
-from specserve.spec.registry import build_speculator
-from tests.spec.cases_seen import CasesSeen
+from specserve.speculative.base import Speculator
+from specserve.speculative.registry import build_speculator
+from tests.speculative.cases_seen import CasesSeen
 from tests.tiny import VOCAB
 from tests.tiny_hybrid import write_hybrid_folder
 

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from specserve.spec.base import EXPLORE, Draft, DraftRequest, Speculator
-from specserve.spec.chain import ChainSpeculator
-from specserve.spec.cost import HORIZON, KEEP, MIN_SAMPLES, PRIOR_PER_ROW, ForwardCost
+from specserve.speculative.base import EXPLORE, Draft, DraftRequest, Speculator
+from specserve.speculative.chain import ChainSpeculator
+from specserve.speculative.cost import HORIZON, KEEP, MIN_SAMPLES, PRIOR_PER_ROW, ForwardCost
 
 
 class Fixed(Speculator):

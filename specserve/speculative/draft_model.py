@@ -14,7 +14,7 @@ prompt).
 
 Drafts are the draft model's argmax, so they carry no probabilities: verification samples
 the target at each position and accepts while it agrees. That keeps speculation on ==
-speculation off token for token at any temperature (see spec/verify.py).
+speculation off token for token at any temperature (see speculative/verify.py).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import Protocol
 
 import torch
 
-from specserve.engine.prompt_cache import shared_prefix
-from specserve.models.batch import SlotInput
-from specserve.spec.base import Draft, DraftRequest, Speculator
+from specserve.batch import SlotInput
+from specserve.speculative.base import Draft, DraftRequest, Speculator
+from specserve.tokens import shared_prefix
 
 
 class DraftMemory(Protocol):

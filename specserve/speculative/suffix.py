@@ -3,7 +3,7 @@
 After Oliaro et al., "SuffixDecoding" (arXiv 2411.04975) and the linear speculation of its
 vLLM / ArcticInference implementation. Two indexes of token sequences:
 - a request tree over the slot's own context (prompt + emitted tokens), grown every step;
-- a global tree over the outputs of earlier requests of the same tenant (spec/tenants.py),
+- a global tree over the outputs of earlier requests of the same tenant (speculative/tenants.py),
   fed when a slot is reset, shared by all slots and bounded (`max_global_tokens`).
 
 Drafting, per slot and step, in each tree:
@@ -43,10 +43,10 @@ from array import array
 from collections import deque
 from collections.abc import Sequence
 
-from specserve.spec.base import Draft, DraftRequest, Speculator
-from specserve.spec.ngram import check_positive
-from specserve.spec.suffix_trie import Cursor, SuffixTrie
-from specserve.spec.tenants import PerTenant
+from specserve.speculative.base import Draft, DraftRequest, Speculator
+from specserve.speculative.ngram import check_positive
+from specserve.speculative.suffix_trie import Cursor, SuffixTrie
+from specserve.speculative.tenants import PerTenant
 
 _EPS = 1e-6  # alpha * p is floored; keep 0.1 * 30 = 3, not 2.9999
 # a draft's tier (Draft.tier: acceptance is learnt per tier) is the length of the match it

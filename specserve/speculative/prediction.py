@@ -12,7 +12,7 @@ get empty drafts.
 As with every drafter the target verifies each token, so the output is the one it would be
 without a prediction: a wrong prediction costs verify rows, never tokens. Each draft's tier
 is the length of the match it was aligned by (a continuing alignment counts as the
-longest), so acceptance is learnt separately for a weak realignment (spec/rates.py).
+longest), so acceptance is learnt separately for a weak realignment (speculative/rates.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specserve.spec.base import Draft, DraftRequest, Speculator, slot_state
+from specserve.speculative.base import Draft, DraftRequest, Speculator, slot_state
 
 MAX_MATCH = 8  # output tokens compared when realigning; also the tier of an unbroken run
 

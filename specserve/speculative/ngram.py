@@ -34,7 +34,7 @@ from typing import cast
 
 import numpy as np
 
-from specserve.spec.base import Draft, DraftRequest, Speculator, slot_state
+from specserve.speculative.base import Draft, DraftRequest, Speculator, slot_state
 
 # most distinct m-grams ngram-map-k4v keeps per key [llama.cpp: COMMON_NGRAM_MAX_VALUES]
 MAX_VALUES = 4

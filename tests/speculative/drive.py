@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from specserve.spec.base import DraftRequest, Speculator
+from specserve.speculative.base import DraftRequest, Speculator
 
 
 def draft(

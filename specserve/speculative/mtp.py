@@ -12,7 +12,7 @@ Its attention layer keeps its own KV cache here, one row per position i, so that
   target's real hidden states for those positions arrive.
 
 Drafts are argmax tokens without probabilities, like the draft model's, so verification
-keeps speculation on == off token for token (spec/verify.py).
+keeps speculation on == off token for token (speculative/verify.py).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import Any, Protocol
 
 import torch
 
-from specserve.models.batch import FlatBatch
+from specserve.batch import FlatBatch
 from specserve.models.layers.embedding import Embedding
 from specserve.models.qwen3_next import MtpHead
-from specserve.spec.base import Draft, DraftRequest, Speculator
+from specserve.speculative.base import Draft, DraftRequest, Speculator
 
 
 class HiddenSource(Protocol):

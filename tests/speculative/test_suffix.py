@@ -9,12 +9,12 @@ from functools import partial
 
 import pytest
 
-from specserve.spec import suffix, suffix_trie
-from specserve.spec.base import DraftRequest
-from specserve.spec.suffix import SuffixSpeculator, suffix_draft
-from specserve.spec.suffix_trie import SuffixTrie
-from tests.spec import drive
-from tests.spec.drive import distinct_tokens, draft, random_tokens
+from specserve.speculative import suffix, suffix_trie
+from specserve.speculative.base import DraftRequest
+from specserve.speculative.suffix import SuffixSpeculator, suffix_draft
+from specserve.speculative.suffix_trie import SuffixTrie
+from tests.speculative import drive
+from tests.speculative.drive import distinct_tokens, draft, random_tokens
 
 generate = partial(drive.generate, n_max=16)  # these drafters' tests use 16
 

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from specserve.spec.base import MIN_GAIN, Draft, DraftRequest, Speculator
-from specserve.spec.rates import TIER_PRIOR, AcceptanceModel
-from specserve.spec.suffix import SuffixSpeculator, _tier
+from specserve.speculative.base import MIN_GAIN, Draft, DraftRequest, Speculator
+from specserve.speculative.rates import TIER_PRIOR, AcceptanceModel
+from specserve.speculative.suffix import SuffixSpeculator, _tier
 
 
 def test_tiers_are_learnt_apart_and_a_new_tier_starts_from_the_overall_rate() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specserve.spec.base import SpecStats
+from specserve.speculative.base import SpecStats
 
 
 @dataclass

@@ -39,7 +39,7 @@ from enum import IntEnum
 import numpy as np
 import torch
 
-from specserve.spec.base import Draft
+from specserve.speculative.base import Draft
 
 
 class Stream(IntEnum):

@@ -6,7 +6,7 @@ scored by the tokens it is expected to yield per unit of cost (Speculator.value)
     value(k) = (1 + sum_{i < k} r_i) / (cost(k) + c * k)
 
 r_i is the drafter's acceptance at position i for this slot, cost(k) what verifying k rows
-costs on this machine (spec/cost.py), c the drafter's own cost per token in target
+costs on this machine (speculative/cost.py), c the drafter's own cost per token in target
 forwards, and the 1s are the target's own token and step. No draft is worth 1. Cheap
 drafters are asked first; a costly one (a draft model) is asked only for slots where it
 could beat the best draft so far. Between drafts already made, drafting is paid for, so
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specserve.spec.base import Draft, DraftRequest, Speculator
+from specserve.speculative.base import Draft, DraftRequest, Speculator
 
 
 class ChainSpeculator(Speculator):

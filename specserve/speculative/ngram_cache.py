@@ -39,9 +39,9 @@ from itertools import islice
 
 import numpy as np
 
-from specserve.spec.base import Draft, DraftRequest, Speculator
-from specserve.spec.ngram import check_positive
-from specserve.spec.tenants import PerTenant
+from specserve.speculative.base import Draft, DraftRequest, Speculator
+from specserve.speculative.ngram import check_positive
+from specserve.speculative.tenants import PerTenant
 
 # n-gram -> {next token: times seen}; dicts keep insertion order, which breaks ties
 NgramCounts = dict[tuple[int, ...], dict[int, int]]

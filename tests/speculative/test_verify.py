@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from specserve.engine.sampling import sample
-from specserve.spec.base import Draft
-from specserve.spec.verify import (
+from specserve.speculative.base import Draft
+from specserve.speculative.verify import (
     FlatDrafts,
     Stream,
     VerifyResult,

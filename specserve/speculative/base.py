@@ -22,7 +22,7 @@ from typing import TypeVar
 
 import torch
 
-from specserve.spec.rates import AcceptanceModel, at, count_kept, count_positions, grow
+from specserve.speculative.rates import AcceptanceModel, at, count_kept, count_positions, grow
 
 S = TypeVar("S")
 
@@ -62,10 +62,10 @@ class DraftRequest:
     p_min: float = 0.0
     # speculator types this request allows (None = any); others answer with an empty draft
     types: tuple[str, ...] | None = None
-    # cost[k]: verifying k draft tokens, in plain steps (spec/cost.py, from the engine);
+    # cost[k]: verifying k draft tokens, in plain steps (speculative/cost.py, from the engine);
     # None: rows are free, drafts are never cut for cost (a drafter's own semantics)
     cost: Sequence[float] | None = None
-    # the tokens the client expects back (OpenAI's `prediction`; spec/prediction.py)
+    # the tokens the client expects back (OpenAI's `prediction`; speculative/prediction.py)
     prediction: Sequence[int] = ()
 
     def verify_cost(self, k: int) -> float:
@@ -80,7 +80,7 @@ class Draft:
     tokens: [k] proposed token ids (k may be 0).
     probs: [k, V] draft probabilities q(x | prefix) for each proposed position, or None.
     tier: the drafter's confidence class for this draft (suffix: how long a suffix of the
-        context it matched); acceptance is learnt per tier (spec/rates.py).
+        context it matched); acceptance is learnt per tier (speculative/rates.py).
     """
 
     tokens: list[int] = field(default_factory=list)
@@ -240,7 +240,7 @@ class Speculator:
     # what a draft is worth -----------------------------------------------------------------
     def acceptance_rates(self, slot: int, n: int, tier: int = 0) -> list[float]:
         """r_0..r_{n-1}: the chance that positions 0..i of a draft of this tier on `slot`
-        are all kept (spec/rates.py)."""
+        are all kept (speculative/rates.py)."""
         return self.rates.rates(slot, tier, n)
 
     def values(

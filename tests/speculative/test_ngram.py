@@ -9,9 +9,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from specserve.spec import ngram, ngram_mod
-from specserve.spec.base import DraftRequest, Speculator
-from specserve.spec.ngram import (
+from specserve.speculative import ngram, ngram_mod
+from specserve.speculative.base import DraftRequest, Speculator
+from specserve.speculative.ngram import (
     NgramMapK,
     NgramMapK4V,
     NgramSimple,
@@ -19,13 +19,13 @@ from specserve.spec.ngram import (
     ngram_map_k_draft,
     ngram_simple_draft,
 )
-from specserve.spec.ngram_mod import (
+from specserve.speculative.ngram_mod import (
     NgramHashTable,
     NgramMod,
     build_ngram_mod_table,
     ngram_mod_draft,
 )
-from tests.spec.drive import draft, generate, random_tokens
+from tests.speculative.drive import draft, generate, random_tokens
 
 SMALL_TABLE = 1 << 16
 
