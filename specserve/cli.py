@@ -5,14 +5,11 @@ from __future__ import annotations
 import os
 
 # Before torch starts OpenMP: an idle worker thread spins a while, then sleeps. Sleeping at
-# once (OMP_WAIT_POLICY=PASSIVE) costs ~0.5 ms to wake a thread on these VMs, paid by every
-# parallel region (hundreds per step with the low-bit kernels: 0.5B int8 158 ms vs 65 ms per
-# step). 10000 spins still let the worker fall asleep in ~55 of a Gemma-270M decode step's
-# ~100 regions (strace: 2760 futex waits in 50 steps; 24 with 100000), and 1-slot serving
-# ran ~10 % slower (bench serve, 3 interleaved runs each: 28.9 vs 32.1 tok/s median).
-# libgomp's own default (300000, ~9 ms here) spins through the gaps between steps as well
-# and starves other work on a shared 2-core machine. Whether two threads pay at all under
-# load is the engine's ThreadTuner's call.
+# once (OMP_WAIT_POLICY=PASSIVE) makes every parallel region pay a thread wake-up, and the
+# low-bit kernels run hundreds of regions a step; 10000 spins still let workers fall asleep
+# between a step's regions. libgomp's own default (300000) spins through the gaps between
+# steps as well and starves other work on a shared 2-core machine. Whether two threads pay
+# at all under load is the engine's ThreadTuner's call (figures: docs/perf/threads.md).
 os.environ.setdefault("GOMP_SPINCOUNT", "100000")
 
 import argparse  # noqa: E402

@@ -2,14 +2,13 @@
 
 A step's temporaries (logits, verification rows, drafter tables) are freed by torch, but
 glibc's malloc keeps freed heap pages for reuse, so a server's resident memory stays at its
-busiest step's high-water mark after the burst is over: the 5-minute load run ended ~70-100
-MiB above its steady state when its last 8 requests finished together. When the engine goes
-idle the loop calls `release_freed_memory`: a young-generation garbage collection, then
-glibc's malloc_trim(0), which returns the free pages at the heap's top and in its arenas.
-Under steady load the engine never idles, and each new largest step (verification rows of
-every slot beside a prefill) raised the high-water mark again (5-minute load run: +62 MiB),
-so the loop also trims, without the garbage collection (a full one over the speculators'
-tables stalls a step), every BUSY_TRIM_S of busy time. A no-op where there is no glibc.
+busiest step's high-water mark after the burst is over. When the engine goes idle the loop
+calls `release_freed_memory`: a young-generation garbage collection, then glibc's
+malloc_trim(0), which returns the free pages at the heap's top and in its arenas. Under
+steady load the engine never idles, and each new largest step (verification rows of every
+slot beside a prefill) raised the high-water mark again, so the loop also trims, without the
+garbage collection (a full one over the speculators' tables stalls a step), every
+BUSY_TRIM_S of busy time (figures: docs/perf/memory.md). A no-op where there is no glibc.
 """
 
 from __future__ import annotations
@@ -31,7 +30,8 @@ def _malloc_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
         return None
 
 
-BUSY_TRIM_S = 20.0  # seconds of busy engine between trims (~2 ms each; ~35 ms the first)
+# seconds of busy engine between trims (each is cheap, not free: docs/perf/memory.md)
+BUSY_TRIM_S = 20.0
 
 
 def release_freed_memory(collect: bool = True) -> bool:

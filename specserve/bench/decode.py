@@ -79,8 +79,8 @@ def measure(runner: ModelRunner, prompt_len: int, decode_len: int, repeats: int)
     prompt = bench_prompt(runner, prompt_len)
     mem = runner.memory
     # logits into one reused buffer, as the engine's steps write them: a new [k, vocab]
-    # tensor per forward was page-faulted in each time (clear_page took ~9 % of a profiled
-    # 8-row forward of the 0.5B), which a served step never pays
+    # tensor per forward was page-faulted in each time (a visible share of a profiled
+    # forward; figures: docs/perf/memory.md), which a served step never pays
     runner.reuse_logits(max(KS))
     runner.prefill(0, prompt[:32])  # warm-up
     prefills = []
@@ -98,8 +98,8 @@ def measure(runner: ModelRunner, prompt_len: int, decode_len: int, repeats: int)
     base = mem.length(0)
     times: dict[int, list[float]] = {k: [] for k in KS}
     # rounds over every k (every other one reversed), not each k's timings in a row: on a VM
-    # whose speed drifts by a third within minutes, k after k put the drift into the ratios
-    # (k=4 at 2.09x one row in a run where the same forwards interleaved cost 1.2-1.35x).
+    # whose speed drifts within minutes, k after k put the drift into the ratios (figures:
+    # docs/perf/bench.md).
     # Round 0 is a warm-up (a row count's first forward allocates).
     for r in range(repeats + 1):
         for k in KS if r % 2 == 0 else KS[::-1]:
@@ -205,10 +205,10 @@ def _llama_cpp_row(name: str, args: argparse.Namespace) -> dict:
 
 def _paired_row(name: str, variant: str, runner: ModelRunner, args: argparse.Namespace) -> dict:
     """Decode tok/s of ours and of llama.cpp, one pass each per round, back to back: the
-    separate rows are minutes apart, and the memory speed of a shared VM moves by a third
-    in that time (the 0.5B's one-row forward took 10 to 14 ms within a minute), so their
-    ratio says as much about the minute as about the code. The slot still holds the
-    benchmark's prompt (measure ran on it); each pass starts from its end."""
+    separate rows are minutes apart, and the memory speed of a shared VM moves in that time
+    (figures: docs/perf/bench.md), so their ratio says as much about the minute as about the
+    code. The slot still holds the benchmark's prompt (measure ran on it); each pass starts
+    from its end."""
     from specserve.bench.llama_cpp import llama_decode_tok_s
 
     path, n = _gguf(name), args.decode_len

@@ -3,8 +3,9 @@
     specserve bench decode --llama-bench /path/to/llama-bench --variants float32+auto
 
 Speed targets are only meaningful against llama.cpp measured on the same machine at the
-same moment (a shared VM drifts by 30 % within minutes), so the comparison runs inside our
-benchmark instead of quoting figures from elsewhere. The row's columns mean what ours do:
+same moment (a shared VM drifts within minutes: docs/perf/bench.md), so the comparison runs
+inside our benchmark instead of quoting figures from elsewhere. The row's columns mean what
+ours do:
 - prefill: a prompt of `--prompt-len` tokens from an empty context;
 - decode: `--decode-len` tokens after `--prompt-len` tokens of context (llama-bench -d);
 - k=N: the time of one forward over N new tokens after that context, over N=1's.

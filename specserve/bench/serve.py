@@ -15,9 +15,9 @@ fewer than clients. `--load` is in serve_load.py.
 
 Each configuration runs `--repeats` times, in rounds that visit every configuration once,
 every other round in reverse order, and the table shows each one's median (and its range).
-Why: on the shared 2-core VMs this was built on, the same 4-row step took 39 ms in one
-minute and 60 ms a few minutes later, so one pass of 1 slot, then 4 slots, measured the
-machine's drift as much as the slots; interleaved rounds give drift to every
+Why: on the shared 2-core VMs this was built on, the same 4-row step took far longer a few
+minutes later (figures: docs/perf/bench.md), so one pass of 1 slot, then 4 slots, measured
+the machine's drift as much as the slots; interleaved rounds give drift to every
 configuration alike, and the median drops a run that caught a slow spell.
 """
 

@@ -28,13 +28,13 @@ pass), so a draft model's own prompt pass, made at its first draft, counts again
 
 The models load as a server loads them by default (--weights auto: each GGUF tensor on the
 low-bit kernel of its own type); `--weights dequant` measures the float weights. The default
-dtype is float32. On this project's development CPU (AVX2, no native bf16;
-`specserve bench decode`, 2 threads) bfloat16 decodes one token only 5-10% faster (both are
-bound by reading the weights), but a forward over 16 tokens costs 2-3x as much as in
-float32 and prefill runs at a third of the speed (bf16 matmuls are compute bound, through
-conversions). Verifying drafts is what speculation buys, so float32 is faster wherever
-drafts are long. Pass --dtype bfloat16 on hardware with bf16 instructions, and watch
-`same`: a k-row verification may round differently from a one-row decode.
+dtype is float32. On this project's development CPU (AVX2, no native bf16) bfloat16 decodes
+one token only a little faster (both are bound by reading the weights), but a forward over
+many tokens and prefill are much slower than in float32 (bf16 matmuls are compute bound,
+through conversions; figures: docs/perf/bench.md). Verifying drafts is what speculation
+buys, so float32 is faster wherever drafts are long. Pass --dtype bfloat16 on hardware
+with bf16 instructions, and watch `same`: a k-row verification may round differently from
+a one-row decode.
 
 With --max-tokens below an answer's length, the rewrite workloads quote a truncated turn 1
 (it is the same generation as the quicksort workload's reference).

@@ -226,7 +226,14 @@ class Engine:
         cost = self.cost.relative(base_rows, max(limits))
         asks = [
             DraftRequest(
-                r.slot, r.context, n, r.spec.n_min, r.spec.p_min, r.spec.types, cost, r.prediction
+                r.slot,
+                r.context,
+                n,
+                n_min=r.spec.n_min,
+                p_min=r.spec.p_min,
+                types=r.spec.types,
+                cost=cost,
+                prediction=r.prediction,
             )
             for r, n in zip(wanted, limits, strict=True)
         ]

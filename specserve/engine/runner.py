@@ -110,8 +110,8 @@ class ModelRunner:
 
         Why: verifying 16-token drafts of 4 slots makes 68 x 151936 float32 logits (41 MB)
         a step. A new tensor each step was either mmapped and page-faulted in every time
-        (~22 ms on a 2-core VM) or left in malloc's heap, where each bigger step raised the
-        server's resident memory again. The buffer holds `rows` rows from the start (grown
+        or left in malloc's heap, where each bigger step raised the server's resident memory
+        again (figures: docs/perf/memory.md). The buffer holds `rows` rows from the start (grown
         if a step needs more) and is touched now, so it is resident before any load. Only a
         low-bit LM head writes into it (models/layers/lowbit.py linear_into): with any other,
         this does nothing."""

@@ -1,29 +1,24 @@
 """How many threads a forward runs on, chosen by what this machine measures now.
 
-On this project's 2-core machines two threads make a quiet machine's decode step ~1.6x
-faster, but when anything else runs (a second process, the test suite, another server) a
-two-thread parallel region waits for whichever thread the OS descheduled, and the step
-becomes slower than on one thread (0.5B int8: 65 ms quiet on 2 threads, 97 on 1; under a
-competing busy loop 260 on 2 spinning threads, 107 on 1). Which is faster changes with the
-load, so the engine times each forward on each thread count, by row-count bucket, and runs
-on the faster one, trying the other again for a few forwards now and then. Tries used to be
-one forward each, and a server serving 4 slots could stay on one thread for a whole run (a
-77 ms step; 54 ms on two threads in the next run): a lone try is a poor sample (after
+On this project's 2-core machines two threads make a quiet machine's decode step faster,
+but when anything else runs (a second process, the test suite, another server) a two-thread
+parallel region waits for whichever thread the OS descheduled, and the step becomes slower
+than on one thread. Which is faster changes with the load, so the engine times each forward
+on each thread count, by row-count bucket, and runs on the faster one, trying the other
+again for a few forwards now and then. A lone one-forward try is a poor sample (after
 forwards on one thread the other worker sleeps, and its first parallel regions pay the
-wake-up), and a flip back needed 3 good tries of 5, 72 forwards apart. So a try is BURST
-forwards with the first not counted, and one thread must be MARGIN faster than all cores to
-be chosen.
+wake-up): with such tries a 4-slot server could stay on the slower count for a whole run.
+So a try is BURST forwards with the first not counted, and one thread must be MARGIN faster
+than all cores to be chosen.
 
-Tries cost, though: a try runs BURST forwards on the slower count (a 4-row step of the
-0.5B: ~66 ms on one thread against ~46 on two), and with a try every 24 forwards and each
-new row-count bucket timed twice on one thread first (a 132-row prefill: 1.2 s against
-0.8), a 4-slot engine was 10-15 % slower than with --threads 2 on a quiet machine (48-51 ms
-against 45 ms a 4-row step, alternating runs). So a bucket now starts on all cores (what a
-quiet machine wants), tries one thread first after FIRST_TRY forwards, and each try that
-leaves the choice as it was doubles the gap to the next (RETRY, 2 RETRY, ... up to
-RETRY_MAX forwards); a try that changes the choice, or a preferred count whose time moves
-by a factor SLOWDOWN from what it was after the last try (outside load arriving or
-leaving), brings the next try forward again.
+Tries cost, though: a try runs BURST forwards on the slower count, and frequent tries (with
+each new row-count bucket timed on one thread first) made a 4-slot engine slower than
+--threads 2 on a quiet machine. So a bucket now starts on all cores (what a quiet machine
+wants), tries one thread first after FIRST_TRY forwards, and each try that leaves the
+choice as it was doubles the gap to the next (RETRY, 2 RETRY, ... up to RETRY_MAX
+forwards); a try that changes the choice, or a preferred count whose time moves by a factor
+SLOWDOWN from what it was after the last try (outside load arriving or leaving), brings the
+next try forward again (figures: docs/perf/threads.md).
 
 Safe for exactness because the kernels on the hot path give the same bits on any thread
 count: our low-bit kernels compute each output on one thread; oneDNN's packed float32
@@ -144,9 +139,9 @@ class ComputeThread:
     region its own team of workers, and once a process holds more OpenMP threads than cores
     it makes idle workers sleep at once instead of spinning (its "throttled" spin count), so
     each of the ~100 parallel regions in a decode step pays a futex wake-up. A model loaded
-    on the main thread and stepped on an engine thread leaves two teams: the 0.5B's decode
-    step on 2 threads took 76 ms that way against 38 ms loaded and stepped on one thread,
-    and the tuner above then chose 1 thread (55 ms).
+    on the main thread and stepped on an engine thread leaves two teams: a decode step on 2
+    threads was then much slower, and the tuner above chose 1 thread (figures:
+    docs/perf/threads.md).
     """
 
     def __init__(self, name: str = "specserve-engine") -> None:

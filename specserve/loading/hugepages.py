@@ -2,9 +2,8 @@
 
 Why: a decode step reads every weight record once, ~400 MB for the 0.5B, as one sequential
 stream per thread. On 4 KiB pages that stream crosses a page, and needs a TLB entry, every
-4 KiB; on 2 MiB pages it needs one per 2 MiB. The 0.5B's forward (2 threads, Zen 4 VM,
-interleaved runs, medians of 4): one row 15.4 ms on huge pages against 17.3 ms, four slots'
-rows 20.5 against 25.2. Its steady RSS is the same.
+4 KiB; on 2 MiB pages it needs one per 2 MiB. Forwards run faster on huge pages, at the
+same steady RSS (figures: docs/perf/memory.md).
 
 Linux gives an anonymous mapping huge pages when asked (madvise MADV_HUGEPAGE) if its
 transparent huge pages are "always" or "madvise", as on most distributions. Where they are
@@ -23,7 +22,8 @@ from specserve.trim import release_freed_memory
 
 HUGE_PAGE = 2 << 20
 ALIGN = 64  # each record tensor starts on a cache line, as torch's own allocations do
-TRIM_EVERY = 64 << 20  # bytes moved between malloc trims (one costs ~1-2 ms)
+# bytes moved between malloc trims (each is cheap, not free: docs/perf/memory.md)
+TRIM_EVERY = 64 << 20
 
 
 def huge_page_buffer(nbytes: int) -> torch.Tensor | None:
@@ -86,7 +86,7 @@ def records_to_huge_pages(model: nn.Module) -> int:
         del old
         if untrimmed >= TRIM_EVERY:
             # the old copies (most below glibc's mmap threshold) go back to the system now,
-            # not all at the end: without this the 1.5B's load peaked ~500 MB higher
+            # not all at the end, or they all add to the load's peak (docs/perf/memory.md)
             release_freed_memory(collect=False)
             untrimmed = 0
     if untrimmed:  # the copies moved since the last trim

@@ -142,8 +142,8 @@ def build_model(
 
 def _convert(converter: LinearConverter, name: str, t: torch.Tensor | QuantizedTable) -> None:
     """Hand a tensor to the converter, then give malloc's freed pages back: quantizing
-    leaves its float temporaries in the heap, and they added up to ~100 MB of the 0.5B's
-    load peak (release_freed_memory without gc: ~1-2 ms a call)."""
+    leaves its float temporaries in the heap, and they added up in the load's peak; a trim
+    without gc is cheap (figures: docs/perf/memory.md)."""
     converter.take(name, t)
     release_freed_memory(collect=False)
 

@@ -3,9 +3,8 @@
 Q4_K holds 256 weights per super-block: a float16 d and dmin, 8 sub-blocks of 32 weights
 with a 6-bit scale sc and min m each (12 packed bytes), and the 4-bit values q (128 bytes):
 w = d * sc * q - dmin * m. Our q4k records hold these fields as they are (q4k_fields), so the
-weights are the file's. Dequantizing to float32 and quantizing again by min/max lost this: on
-Qwen2.5-Coder-1.5B's ffn_gate 99 % of the blocks came back with other values (mean error
-2.3 % of mean |w|).
+weights are the file's. Dequantizing to float32 and quantizing again by min/max lost this:
+nearly every block came back with other values (figures: docs/perf/lowbit.md).
 
 The layout follows ggml's block_q4_K (ggml-common.h) and its get_scale_min_k4.
 """

@@ -147,7 +147,8 @@ class OpenAIEndpoints:
 
     @cached_property
     def _token_table(self) -> list[bytes]:
-        """Each token id's bytes, for JSON mode (built at its first request: ~0.3 s)."""
+        """Each token id's bytes, for JSON mode (built at its first request, not at start-up:
+        docs/perf/quality.md)."""
         return self.tok.token_table(self.vocab_size)
 
     # -- checks and prompts ----------------------------------------------------------------

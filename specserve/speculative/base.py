@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from itertools import accumulate
 from typing import TypeVar
 
@@ -58,6 +58,7 @@ class DraftRequest:
     slot: int
     tokens: Sequence[int]
     n_max: int
+    _: KW_ONLY  # the rest by name: eight positional fields read as a riddle
     n_min: int = 0
     p_min: float = 0.0
     # speculator types this request allows (None = any); others answer with an empty draft

@@ -19,13 +19,13 @@ T(9) = 260 ms measured: cost(1) = 1.9, cost(8) = 2.6, cost(4) = 1 + (190 + 3/7 *
 - 100) / 100 = 2.2.
 
 Each timing is kept divided by the machine's speed at the time it was taken: the VMs this
-was built on drift by a third within minutes, and with drafts verified in most steps of a
-4-slot server, the plain 4-row step's timings were the last few seconds' while the 5-row
-ones were spread over the whole run. A slow spell put the 4-row median (26.9 ms) above the
-5-row one (25.7 ms), so an extra row looked free, every draft was verified, and the steps
-with drafts produced 136-149 tok/s against 165 for plain ones. The speed is the median of
-the last PACE forwards' times over their row count's median: the row counts seen often
-carry it, and the rare ones' timings stay comparable.
+was built on drift within minutes, and with drafts verified in most steps of a 4-slot
+server, the plain 4-row step's timings were the last few seconds' while the 5-row ones were
+spread over the whole run. A slow spell put the 4-row median above the 5-row one, so an
+extra row looked free, every draft was verified, and the steps with drafts were slower than
+plain ones (figures: docs/perf/cost.md). The speed is the median of the last PACE forwards'
+times over their row count's median: the row counts seen often carry it, and the rare
+ones' timings stay comparable.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ PRIOR_PER_ROW = 0.2
 KEEP = 9  # timings kept per row count; their median resists one slow, interrupted step
 # a row count counts as measured with at least MIN_SAMPLES timings among the last HORIZON
 # forwards. Rare row counts (a 4-slot step plus one draft row) kept timings from minutes
-# before, while the common one's were fresh; on VMs whose step time drifts 17 -> 28 ms and
-# back, a stale 5-row median under a fresh 4-row one said an extra row was free, and every
-# draft was verified at a loss (4 slots: 488 drafts, 33 % kept, 15 % slower than none)
+# before, while the common one's were fresh; on VMs whose step time drifts within minutes,
+# a stale 5-row median under a fresh 4-row one said an extra row was free, and every draft
+# was verified at a loss (figures: docs/perf/cost.md)
 HORIZON = 512
 MIN_SAMPLES = 3
 PACE = 5  # the speed is the median of the last PACE forwards' own: one interrupted step

@@ -2,11 +2,10 @@
 
 A drafter's rates decide whether a draft is worth verifying (Speculator.values). One
 average per drafter judges a confident draft by the record of doubtful ones: the suffix
-drafter's drafts after a 1-token match were kept 21 % of the time on the `bench serve`
-prompts, after a 4-token match 58 %, after 6 or more 70 % (/tmp simulation over the 16
-prompts' greedy outputs). So a drafter labels each draft with a `tier` (Draft.tier, its own
-confidence class) and rates are learnt per tier, each starting from the drafter's overall
-rate:
+drafter's drafts are kept far more often after a long match than after a 1-token one
+(figures: docs/perf/cost.md). So a drafter labels each draft with a `tier` (Draft.tier, its
+own confidence class) and rates are learnt per tier, each starting from the drafter's
+overall rate:
 
     q_all(i)  = (kept_i + 2 q_all(i-1)) / (reached_i + 2)      q_all(-1) = 1/2, the prior
     q_tier(i) = (tier kept_i + TIER_PRIOR q_all(i)) / (tier reached_i + TIER_PRIOR)
@@ -19,8 +18,8 @@ slot because one request (a code edit) is far more predictable than another (pro
 Drafts that were not verified teach their first position too (`hold` / `settle`): the
 target's next token says whether the first draft token was right. Without this a tier
 whose estimate fell below what a verify row costs was never verified again, so never
-learnt better: at 4 slots, where a row costs ~0.7 of a slot's step, no draft ever passed
-the prior's 1 in 2.
+learnt better: at 4 slots, where a row costs most of a slot's step, no draft ever passed
+the prior's 1 in 2 (figures: docs/perf/cost.md).
 """
 
 from __future__ import annotations

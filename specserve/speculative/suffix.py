@@ -50,9 +50,9 @@ from specserve.speculative.tenants import PerTenant
 
 _EPS = 1e-6  # alpha * p is floored; keep 0.1 * 30 = 3, not 2.9999
 # a draft's tier (Draft.tier: acceptance is learnt per tier) is the length of the match it
-# started from, up to this, and which tree it came from. On the `bench serve` prompts the
-# first token was kept after a 1-token match 21 % of the time, 2: 35 %, 3: 48 %, 4-6: ~60 %,
-# and less from the global tree than from the request's own (25 % against 36 % overall)
+# started from, up to this, and which tree it came from: on the `bench serve` prompts the
+# first token was kept more often the longer the match, and less often from the global tree
+# than from the request's own (figures: docs/perf/cost.md)
 TIER_DEPTH = 6
 
 

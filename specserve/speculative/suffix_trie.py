@@ -15,10 +15,9 @@ needs an unbounded walk up its suffix links per token.
 Layout: a node is an int, the index of its fields in flat arrays, not a Python object. Text
 seen twice expands into ~depth nodes a token (a 128-token output repeated: ~23 a token), so a
 server's global tree reaches millions of nodes. As objects with a children dict each they
-took ~310 bytes a node (~7 kB a repeated token; a 5-minute load run's RSS grew ~30 MiB from
-16 outputs) and every full garbage collection walked them. Here a node takes ~45 bytes: the
-only child of a node is kept inline (most nodes of repeated text have one), and only nodes
-with two or more children get a dict.
+filled the heap (figures: docs/perf/memory.md) and every full garbage collection walked
+them. Here a node takes ~45 bytes: the only child of a node is kept inline (most nodes of
+repeated text have one), and only nodes with two or more children get a dict.
 """
 
 from __future__ import annotations

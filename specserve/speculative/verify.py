@@ -122,9 +122,9 @@ class VerifyResult:
 def argmax_rows(logits: torch.Tensor) -> list[int]:
     """logits: [N, V] -> the first argmax of each row (torch.argmax's answer).
 
-    Float rows on the CPU go through numpy: its SIMD argmax reads a 151936-wide row in
-    ~10 us where torch's took ~130 us (2 threads), 2 % of a 4-slot 0.5B step. It answers
-    ties (the first index) and NaN (the first NaN) as torch does."""
+    Float rows on the CPU go through numpy: its SIMD argmax reads a vocabulary-wide row far
+    faster than torch's (figures: docs/perf/kernels.md). It answers ties (the first index)
+    and NaN (the first NaN) as torch does."""
     if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64):
         return logits.numpy().argmax(axis=-1).tolist()
     return logits.argmax(dim=-1).tolist()

@@ -12,7 +12,7 @@ def draft(
     spec: Speculator, slot: int, tokens: Sequence[int], n_max: int = 64, n_min: int = 0
 ) -> list[int]:
     """One engine step for one slot: the tokens it proposes."""
-    return spec.draft([DraftRequest(slot, list(tokens), n_max, n_min)])[0].tokens
+    return spec.draft([DraftRequest(slot, list(tokens), n_max, n_min=n_min)])[0].tokens
 
 
 def generate(

@@ -504,16 +504,16 @@ class Q4KLinear(LowbitLinear):
 class FusedLowbit(LowbitCall):
     """Low-bit linears that read the same input (q/k/v, gate/up) run as one kernel call.
 
-    Each call has a fixed cost (~30 us: quantizing x, starting threads), a large share of a
-    small matrix's time, so one call for three saves two. The parts may be of different
-    kinds (GGUF files mix them: the 0.5B's q and k are Q5_0, its v Q8_0; the 1.5B's q4k
-    and q6k): the kernel walks each part's records with its own arithmetic. They share x's
-    quantization, so they are all of one X_GROUP (fuse_lowbit fuses only such). The parts
-    stay in the model as `FusedPart`s, so the model code is the same in every weight mode:
-    the first part called with an input computes all outputs, the parts after it in the same
-    pass slice them. The outputs are bit-identical to the separate layers' (an output's
-    arithmetic depends only on its own records and x). Every part but the last must fill
-    whole tiles.
+    Each call has a fixed cost (quantizing x, starting threads), a large share of a small
+    matrix's time (figures: docs/perf/lowbit.md), so one call for three saves two. The parts
+    may be of different kinds (GGUF files mix them: the 0.5B's q and k are Q5_0, its v Q8_0;
+    the 1.5B's q4k and q6k): the kernel walks each part's records with its own arithmetic.
+    They share x's quantization, so they are all of one X_GROUP (fuse_lowbit fuses only
+    such). The parts stay in the model as `FusedPart`s, so the model code is the same in
+    every weight mode: the first part called with an input computes all outputs, the parts
+    after it in the same pass slice them. The outputs are bit-identical to the separate
+    layers' (an output's arithmetic depends only on its own records and x). Every part but
+    the last must fill whole tiles.
     """
 
     def __init__(self, parts: list[LowbitLinear]) -> None:

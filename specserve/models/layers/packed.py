@@ -3,15 +3,15 @@
 torch's F.linear hands float32 to MKL's sgemm, which re-packs the whole weight matrix on
 every call. For one row it takes a matrix-vector path; from two rows on, each call reads
 the weights, writes a packed copy and reads that again, so on this project's AVX2 CPU a
-forward over 2 tokens costs ~2x one token and over 8 tokens ~3-4x, while the weights (the
-real cost of a decode step) are the same. Verifying a draft is exactly such a forward.
+forward over a few tokens costs several times one token's, while the weights (the real cost
+of a decode step) are the same. Verifying a draft is exactly such a forward.
 
 oneDNN can pack a weight once, at load (`torch.ops.mkldnn._reorder_linear_weight`, what
-inductor's CPU weight pre-packing uses), and then run any row count on the packed copy.
-Measured here (2 threads, 8960 x 1536, ms): F.linear M=1 3.1, M=2 7.3, M=8 12.3;
-packed 2.8 / 2.4 / 3.8. The packed layout also makes a row's result independent of the
-other rows in the call (bit for bit, M = 1..64: tests/models/test_packed.py), which is
-the batch invariance that plain MKL float32 lacks (layers/invariant.py).
+inductor's CPU weight pre-packing uses), and then run any row count on the packed copy,
+where extra rows cost little (figures: docs/perf/kernels.md). The packed layout also makes
+a row's result independent of the other rows in the call (bit for bit, M = 1..64:
+tests/models/test_packed.py), which is the batch invariance that plain MKL float32 lacks
+(layers/invariant.py).
 
 The packed copy replaces the weight (a tied LM head gets its own copy; the embedding
 table stays, or, for a GGUF's block-quantized table, the loader keeps the embedding in its

@@ -3,14 +3,11 @@
 //
 // Why a kernel of our own: torch's SDPA on CPU takes its generic "math" path for a few
 // query rows (matmul, masked softmax, matmul, with a mask tensor and several temporaries
-// per layer): ~270 us per layer call on the 0.5B, about a tenth of a decode step. Here the
-// keys a task reads are transposed once per chunk and serve every query head and row of
-// the task (attention_tile.h), on 512-bit vectors where the CPU has AVX-512
-// (attention_avx512.cpp). Against the previous kernel, one dot product per (row, head, key)
-// with a horizontal sum, on 256-bit vectors: 24 layers of the 0.5B's attention at 300 tokens
-// of context, 2 threads, Zen 5: 8 rows 2.0-2.1 -> 0.9-1.2 ms, 64 rows 16.2 -> 7.1, one row
-// 0.28-0.38 -> 0.20-0.29; Zen 4 (512-bit instructions in two halves): 8 rows 3.2-4.7 ->
-// 1.9-2.1 ms, one row 0.40-0.59 -> 0.38-0.46 (alternating processes).
+// per layer), a sizeable share of a decode step. Here the keys a task reads are transposed
+// once per chunk and serve every query head and row of the task (attention_tile.h), on
+// 512-bit vectors where the CPU has AVX-512 (attention_avx512.cpp). The previous kernel, one
+// dot product per (row, head, key) with a horizontal sum on 256-bit vectors, was slower,
+// most of all for many rows (figures: docs/perf/kernels.md).
 //
 // Every (row, query head) is computed from its own causal (and sliding-window) range of the
 // cache, with one fixed order of operations, so a row's result does not depend on the other
@@ -31,8 +28,8 @@ namespace {
 
 // rows [T, Hkv, D] (each row's Hkv * D floats contiguous) into cache [slots, max_len, Hkv, D]:
 // slot i's rows cu[i] .. cu[i+1] at positions starts[i] ... One memcpy a row: per slot, the
-// torch ops this took (select, narrow, copy_ for keys and for values) cost ~1 ms of dispatch
-// a 4-slot step of the 0.5B (24 layers), ~4 % of it, and a quarter of that with one slot.
+// torch ops this took (select, narrow, copy_ for keys and for values) cost a visible share
+// of a step in dispatch (figures: docs/perf/kernels.md).
 void store_rows(const torch::Tensor& rows, torch::Tensor& cache, const std::vector<int64_t>& slots,
                 const std::vector<int64_t>& starts, const std::vector<int64_t>& cu) {
   const int64_t max_len = cache.size(1), width = cache.size(2) * cache.size(3);

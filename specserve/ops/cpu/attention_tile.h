@@ -203,7 +203,7 @@ inline void values_n(int n, const float* const* p, const float* values, int64_t 
 // p[0..n) <- softmax(p), in place (256-bit in every file: the sum's order is the same)
 inline void softmax(float* p, int64_t n) {
   // the max 8 lanes at a time (exact in any order): as a scalar loop, one dependent vmaxss per
-  // key, it was ~40 % of the softmax
+  // key, it was a large share of the softmax (figures: docs/perf/kernels.md)
   __m256 mv = _mm256_set1_ps(p[0]);
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(p + j));

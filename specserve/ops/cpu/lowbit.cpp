@@ -13,8 +13,8 @@
 // bytes / memory bandwidth. torch's float32 path reads 4 bytes per weight; its int8/int4 CPU
 // kernels want bf16 activations, which AVX2 has no instructions for, and are compute-bound
 // here. These read 1.0625 (q8), 0.6875 (q5) or 0.625 (q4) bytes per weight, GGUF's own
-// figures for Q8_0 and Q5_0. (float32 scales cost 0.125-0.25 bytes per weight more: 14 %
-// more bytes per 0.5B decode step, 17 % more on q4.)
+// figures for Q8_0 and Q5_0. (float32 scales would cost 0.125-0.25 bytes per weight more;
+// figures: docs/perf/lowbit.md.)
 //
 // As llama.cpp does on CPUs, each row of x is first quantized to int8 in blocks of 32 (one
 // scale per block, round to nearest), and a block's dot products run on integers: maddubs
@@ -129,8 +129,8 @@ float block_amax(const float* v) {
 
 // One block of 32 inputs with scale amax / 127 (amax: the block's max|v|, or its super-block's):
 // q = round-to-nearest-even(v * 127 / amax) (as llama.cpp's Q8_0 and Q8_K), into q, with the
-// block's sums. AVX2: the scalar loop (nearbyint per input) took ~1.5 ns an input, 60 us a
-// call for 8 rows of the 0.5B's down projection (4864 inputs) and ~2.6 ms of an 8-row forward.
+// block's sums. AVX2, because the scalar loop (nearbyint per input) was a visible share of an
+// 8-row forward (figures: docs/perf/lowbit.md).
 void quantize_block(const float* v, float amax, int8_t* q, float& d, float& sum, int32_t& isum,
                     int32_t* pairs, int32_t* halves) {
   const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
@@ -163,8 +163,8 @@ QuantRows& rows_for(int64_t M, int64_t K) {
 // q6k (as llama.cpp's Q8_K), whose walks then sum a super-block's block dots as integers
 void quantize_range(const float* x, QuantRows& r, int64_t i0, int64_t i1, int per) {
   const int64_t M = r.rows, groups = r.nblocks / per;
-  // row m's group g, counted on from i0 (a division per block cost 9 %: 8 rows of 4864
-  // inputs and one tile, 14.7 us a call against 13.4)
+  // row m's group g, counted on from i0 (a division per block was measurably slower;
+  // figures: docs/perf/lowbit.md)
   int64_t m = i0 / groups, g = i0 % groups;
   for (int64_t i = i0; i < i1; ++i) {
     const float* v = x + i * per * BLOCK;
@@ -360,10 +360,7 @@ constexpr int VNNI_ROWS = 8;
 // VNNI calls of this many rows or more take two tiles per 512-bit vector (lowbit_vnni.cpp):
 // twice the multiplies per instruction, for the rows of verification and prefill. Fewer rows
 // are bound by memory, and there one tile per 256-bit vector (one stream of records) reads
-// faster. The 0.5B's forward on a Zen 5, 2 threads, 256-bit against 512-bit, ms:
-//   1 row 7.8-8.2 against 8.7-8.8, 2 rows 7.9-8.3 against 9.0 (another hour),
-//   3 rows 9.8-9.9 against 10.0-10.6, 4 rows the same (11.1-11.5),
-//   6 rows 14.9 against 13.1, 8 rows 18.8 against 15.4, 16 rows 33.5 against 25.3.
+// faster (figures: docs/perf/lowbit.md).
 constexpr int64_t PAIR_ROWS = 4;
 // x rows in chunks of about this many bytes, so that a chunk stays in L2 while a thread
 // walks its tiles (a tile's records are read once per chunk)

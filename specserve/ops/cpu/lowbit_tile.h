@@ -20,9 +20,8 @@
 
 // Every helper of the tile walk is forced inline. Left to itself, g++ -O3 kept the block
 // dots of 1-6 rows as functions of their own (those of 7 and 8 rows it inlined), so each
-// record's dots went through a call and their results through memory: an L2-resident q5
-// record took 5.6 ns at one row and 19.1 ns at five, against 4.3 and 10.6 inlined (one
-// thread, Zen 4), and five rows cost more than seven.
+// record's dots went through a call and their results through memory, and five rows cost
+// more than seven (figures: docs/perf/lowbit.md).
 #define LOWBIT_INLINE inline __attribute__((always_inline))
 
 namespace lowbit {
@@ -31,8 +30,8 @@ constexpr int64_t BLOCK = 32;
 constexpr int64_t TILE = 8;
 constexpr int64_t SCALES = TILE * 2;  // bytes of one float16 field of a record
 // prefetch this many bytes ahead of the record being read: about what one core has in flight
-// at full bandwidth (~40 GB/s x ~200 ns). At 1152 bytes (4 q8 records) the 0.5B's forward of
-// one row took 9.3-9.5 ms on a Zen 5, at 4.6-9.2 KB 7.8-8.0 (interleaved runs, 2 threads).
+// at full bandwidth (~40 GB/s x ~200 ns); 1152 bytes (4 q8 records) was too short a
+// distance, and a one-row forward waited on memory (figures: docs/perf/lowbit.md).
 constexpr int64_t PREFETCH = 8192;
 
 // AVX2's int16-pair offsets per block of x (x_offsets in lowbit.cpp): q6's two halves, then q5's
@@ -41,9 +40,8 @@ constexpr int64_t PAIRS = 3;
 // x quantized per row in blocks of 32 (quantize_range in lowbit.cpp), as plain pointers.
 // Block-major: block b of row m is entry b * rows + m of every array (`at`), so a group's
 // rows of one block sit side by side and the walk reaches them from one pointer at fixed
-// offsets; row-major, each row took a register of its own, and g++ spilled the rest (q6 at
-// 8 rows: 85 stack accesses a block; 123 -> 136 GMAC/s block-major with `halves`, L2-resident,
-// one thread, Zen 4).
+// offsets; row-major, each row took a register of its own, and g++ spilled the rest (figures:
+// docs/perf/lowbit.md).
 struct XRows {
   const int8_t* q;       // [K/32, M, 32]: x ~ d * q
   const float* d;        // [K/32, M]
@@ -243,8 +241,8 @@ LOWBIT_INLINE void store_rows(const typename V::F* acc, int64_t m0, int64_t n0, 
 // are followed by the next tile's, so a lone tile's look-ahead runs on into the next tile,
 // which the next call reads. Two tiles side by side (t, t + 1) are two streams, and the next
 // call takes t + 2 and t + 3: past the end of its tile each stream's look-ahead skips the
-// partner tile. (It ran on into t + 1, read already, and t + 3 was never prefetched: the
-// 0.5B's LM head, 896 inputs, took 4.0 ms for 4 rows against 1.8-2.0 for 3; now 2.0-2.2.)
+// partner tile. (It ran on into t + 1, read already, and t + 3 was never prefetched: every
+// second tile went unfetched; figures: docs/perf/lowbit.md.)
 template <class V>
 struct Ahead {
   const uint8_t* at;  // stream 0's next look-ahead; stream 1's is a stride on
@@ -266,10 +264,8 @@ struct Ahead {
   // prefetch `bytes` at the look-ahead (in both tiles), then move it `step` bytes on. A lone
   // tile (1-3 rows: bound by memory) prefetches into L1; two tiles (4 rows up: bound by the
   // multiplies) into L2 only: two streams 8 KB ahead are half of a Zen 4's 32 KB L1, and
-  // lines left it before their turn (so it seems). On a Zen 4, 8 rows of the 0.5B's LM head
-  // (q8, 151936 x 896) took 8.1 against 12.0 ms, its q5 gate/up 0.44 against 0.54, its q6
-  // down 0.23 against 0.28 (interleaved A/B, 2 threads); one row into L2 was slower (the
-  // head 5.6 against 4.5 ms).
+  // lines left it before their turn (so it seems); one row into L2 was slower (figures:
+  // docs/perf/lowbit.md).
   LOWBIT_INLINE void next(int64_t bytes, int64_t step) {
     for (int64_t off = 0; off < bytes; off += 64) {
       if constexpr (V::TILES == 1) {
@@ -343,9 +339,9 @@ LOWBIT_INLINE void tile(const uint8_t* records, int64_t stride, const XRows& x, 
 // inputs, under one scale of x: run's per_group). Per block: K::dots gives the exact int32 dot
 // sc * sum(q q_x), summed over the super-block as integers (|sum| <= 8 * 63 * 32 * 15 * 127 <
 // 2^31), and acc = fma(-(dmin * m), d_x * sum(q_x), acc); per super-block acc = fma(sum, d *
-// d_x, acc) (the conversion may round a sum past 2^24, the same on every ISA). With the float
-// step per block, as q4's, 8 rows ran at 122 GMAC/s against 138 now (L2-resident, one thread,
-// Zen 4).
+// d_x, acc) (the conversion may round a sum past 2^24, the same on every ISA). One float step
+// per super-block, not per block as q4's, saves instructions at many rows (figures:
+// docs/perf/lowbit.md).
 template <int R, class V, class K>
 LOWBIT_INLINE void q4k_tile(const uint8_t* records, int64_t stride, const XRows& x, int64_t m0,
                             int64_t n0, int64_t n_out, float* y, const float* bias, int tiles) {

@@ -10,16 +10,15 @@
 //   q4/q5/q6/q4k: weights are the unsigned operand (0..15 / 0..31 / 0..63), x the signed one.
 //   q8: the records hold w + 128 (lowbit.py), the unsigned operand, and x the signed one:
 //       sum((w + 128) q_x) - 128 sum(q_x) is the exact dot, the chain starting at the
-//       second term. (With x + 128 unsigned, sum(w) took one more vpdpbusd a step: a
-//       one-row q8 call of 512 x 1024, L2-resident, 14.3 -> 12.0 us; the 0.5B's LM head,
-//       one row from memory, 5.2 -> 4.6 ms.)
+//       second term. (With x + 128 unsigned, sum(w) took one more vpdpbusd a step;
+//       figures: docs/perf/lowbit.md.)
 // From 4 rows up (lowbit.cpp's PAIR_ROWS) each vector (Z) holds two neighbouring tiles (16
 // outputs: the first tile's record in the low 256 bits, the second's, `stride` bytes on, in
 // the high), so every instruction does twice the work of a 256-bit one: Zen 5 runs 512-bit
-// vpdpbusd at the rate of 256-bit ones (two a cycle: 491 against 246 GMAC/s on one core),
-// and that rate bounds verification's and prefill's many rows. (Zen 4 splits 512-bit
-// instructions in halves; not measured.) Fewer rows are bound by memory and run one tile per
-// 256-bit vector (YV).
+// vpdpbusd at the rate of 256-bit ones (two a cycle), and that rate bounds verification's
+// and prefill's many rows. (Zen 4 splits 512-bit instructions in halves; not measured.)
+// Fewer rows are bound by memory and run one tile per 256-bit vector (YV) (figures:
+// docs/perf/lowbit.md).
 // The dots are exact integers, as on AVX2, and lowbit_tile.h turns them into float32 with
 // the same operations per output: both paths give the same bits.
 //
@@ -85,15 +84,13 @@ struct Z {
 };
 
 // A block's dots are a chain of 8 vpdpbusd per row (latency ~4 cycles each). With one row
-// (decode) that chain, not memory, set the pace: q5 took ~33 cycles a block, where reading
-// its 176 bytes at one core's bandwidth takes ~20. So groups of up to 4 rows run even and
-// odd steps in two chains: with 5-7 rows in one chain each the 256-bit dots were still
-// latency-bound, and a fifth row cost 1.9x what the fourth did (L2-resident q5, one thread).
-// Groups of more rows keep one chain a row: 8 rows are 8 independent chains, and 8 more
-// accumulators beside the 8 float sums did not fit the 32 registers (g++ spilled them).
-// A chain may start at an exact integer offset of its row (`init`: q8's and q5's shift of
-// the weights, q6's of a half) instead of zero, which saves a subtraction a row and block
-// and the zeroing copy: q5 at 8 rows 144.5 -> 155.9 GMAC/s (L2-resident, one thread, Zen 4).
+// (decode) that chain, not memory, set the pace, so groups of up to 4 rows run even and odd
+// steps in two chains: with 5-7 rows in one chain each the 256-bit dots were still
+// latency-bound. Groups of more rows keep one chain a row: 8 rows are 8 independent chains,
+// and 8 more accumulators beside the 8 float sums did not fit the 32 registers (g++ spilled
+// them). A chain may start at an exact integer offset of its row (`init`: q8's and q5's shift
+// of the weights, q6's of a half) instead of zero, which saves a subtraction a row and block
+// and the zeroing copy (figures: docs/perf/lowbit.md).
 template <class V, int R>
 struct Chains {
   static constexpr bool TWO = R <= 4;

@@ -39,11 +39,10 @@ from specserve.ops.naive.gated_delta import (
 CHUNK_SIZE = 64  # fla's and transformers' chunk: the triangular solves stay small
 
 # `gated_delta_rule(mode="auto")` steps token by token up to these lengths and chunks above
-# them. Measured on CPU (bench/gated_delta_ops.py: one sequence, H=16, K=V=128, fp32 and
-# bf16): without snapshots the step form wins up to 4 tokens and the chunked form from 8
-# (1.2 vs 1.3 ms at 8, 1.8 vs 2.4 ms at 16). With snapshots both forms must write T full
-# states, which evens them out, and the step form stays ahead up to 16 (1.6 vs 1.8 ms at
-# 8, 3.7 vs 3.9 ms at 16); beyond that, allocating and writing the states dominates both.
+# them, where each form was faster on CPU (bench/gated_delta_ops.py): without snapshots the
+# step form wins up to 4 tokens and the chunked form from 8. With snapshots both forms must
+# write T full states, which evens them out, and the step form stays ahead up to 16; beyond
+# that, allocating and writing the states dominates both (figures: docs/perf/kernels.md).
 RECURRENT_MAX_TOKENS = 4
 RECURRENT_MAX_TOKENS_WITH_STATES = 16
 
@@ -163,8 +162,7 @@ def _invert_unit_lower(a: torch.Tensor) -> torch.Tensor:
     diagonal blocks: inv [[L11, 0], [L21, L22]] = [[X11, 0], [-X22 L21 X11, X22]].
 
     log2(C) rounds of batched matmuls rather than torch.linalg.solve_triangular, which
-    solves a batch one small system at a time: with 8 chunks of 64 (H=16, one CPU thread)
-    the inverse plus one matmul takes ~12 ms against ~34 ms for the solve.
+    solves a batch one small system at a time and was slower (figures: docs/perf/kernels.md).
     """
     size = a.shape[-1]
     padded = 1 << max(size - 1, 0).bit_length()  # next power of two: pairs of equal blocks

@@ -6,11 +6,11 @@ causal window, so prefill, decode and draft verification are the same computatio
 the per-token states are W - 1 wide sliding windows over that same buffer.
 
 The kernel is tiny (W = 4), so the conv is W whole-tensor multiply-adds over shifted views
-of the window rather than F.conv1d: on CPU, depthwise F.conv1d takes 70-150 ms for one
-token of Qwen3.5-0.8B's 6144 channels in bfloat16 or float64 (no fast kernel for those
-dtypes), the multiply-adds about 1 ms; in float32 the two are on par. Each output is the
-same W-term sum in the same order whatever T is, so a token's result does not depend on
-how many tokens share the call. Half-precision sums run in float32 (as conv kernels do).
+of the window rather than F.conv1d: on CPU, depthwise F.conv1d has no fast kernel for
+bfloat16 or float64 and is far slower than the multiply-adds there; in float32 the two are
+on par (figures: docs/perf/kernels.md). Each output is the same W-term sum in the same
+order whatever T is, so a token's result does not depend on how many tokens share the
+call. Half-precision sums run in float32 (as conv kernels do).
 """
 
 from __future__ import annotations
