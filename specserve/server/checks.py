@@ -36,7 +36,7 @@ MAX_TOOLS = 128
 
 def check_caps(body: GenerationRequest) -> None:
     """Raise a 400 for the first field over its cap."""
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    stop = body.stop_strings
     _at_most("stop", len(stop), MAX_STOP, "stop strings")
     longest = max(map(len, stop), default=0)
     _at_most("stop", longest, MAX_STOP_CHARS, "characters in a stop string")

@@ -272,7 +272,7 @@ class OpenAIEndpoints:
         """Check the settings, submit, and wait until the engine has taken the request."""
         top = logprobs.asked(body)
         params = sampling(body, self._max_tokens(len(prompt), asked, param), top)
-        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        stop = body.stop_strings
         req = EngineRequest(prompt, params, self._spec(body.speculative), self.tok.eog_ids)
         req.cache_prompt = body.cache_prompt
         req.cache_salt = tenant

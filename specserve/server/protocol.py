@@ -125,6 +125,11 @@ class GenerationRequest(BaseModel):
         body asks for, to be refused)."""
         return "text" if self.response_format is None else self.response_format.type
 
+    @property
+    def stop_strings(self) -> list[str]:
+        """`stop` as a list, whether sent as one string or several."""
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
     @model_validator(mode="before")
     @classmethod
     def _plain_json(cls, data: Any) -> Any:
