@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 
 import torch
 
-from specserve.engine.constrain import verify_constrained
 from specserve.engine.logprobs import TokenLogprob, token_logprobs
 from specserve.engine.prompt_cache import PromptCache
 from specserve.engine.request import Request, Status
@@ -30,6 +29,7 @@ from specserve.engine.sampling import (
 from specserve.engine.scheduler import Scheduler, StepPlan
 from specserve.engine.threads import ThreadTuner
 from specserve.errors import SpecserveError
+from specserve.grammar.constraint import verify_constrained
 from specserve.speculative.adaptive import DraftBudget
 from specserve.speculative.base import Draft, DraftRequest, Speculator
 from specserve.speculative.cost import ForwardCost
@@ -126,15 +126,16 @@ class Engine:
         if not plan:
             return []
         drafts = self._draft(plan)
+        verified = self._under_grammar(plan.decode, drafts)
         try:
-            logits = self._forward(plan, drafts)
+            logits = self._forward(plan, verified)
         except Exception as e:
             return self._recompute_or_fail(plan.requests, e)
         n_pre = len(plan.prefill)
         out = self._after_prefills(plan, logits[:n_pre])
-        results = self._verify(plan.decode, drafts, logits[n_pre:])
+        results = self._verify(plan.decode, verified, logits[n_pre:])
         self._commit(plan.decode, results)
-        return out + self._feed_back(plan.decode, drafts, results, logits[n_pre:])
+        return out + self._feed_back(plan.decode, drafts, verified, results, logits[n_pre:])
 
     def _forward(self, plan: StepPlan, drafts: list[Draft]) -> list[torch.Tensor]:
         """One forward over the plan's prompt chunks and [last, d1..dk] of each decoding
@@ -181,13 +182,40 @@ class Engine:
         self,
         decoding: list[Request],
         drafts: list[Draft],
+        verified: list[Draft],
         results: list[VerifyResult | StepOutput],
         logits: list[torch.Tensor],
     ) -> list[StepOutput]:
         return [
-            v if isinstance(v, StepOutput) else self._isolated(req, self._accept, req, d, v, lg)
-            for req, d, v, lg in zip(decoding, drafts, results, logits, strict=True)
+            v if isinstance(v, StepOutput) else self._isolated(req, self._accept, req, d, vd, v, lg)
+            for req, d, vd, v, lg in zip(decoding, drafts, verified, results, logits, strict=True)
         ]
+
+    def _under_grammar(self, decoding: list[Request], drafts: list[Draft]) -> list[Draft]:
+        """The drafts to verify: a constrained slot's draft cut before the first token its
+        grammar forbids, or, where its grammar forces the next tokens and the draft does not
+        begin with them, those tokens (exact: they are verified like any draft)."""
+        return [
+            d if r.constraint is None else self._grammar_draft(r, d)
+            for r, d in zip(decoding, drafts, strict=True)
+        ]
+
+    def _grammar_draft(self, req: Request, draft: Draft) -> Draft:
+        constraint = req.constraint
+        assert constraint is not None
+        try:
+            forced = constraint.forced()
+            tokens = draft.tokens[: constraint.valid_prefix(draft.tokens)]
+        except Exception:
+            log.exception("request %d: no grammar draft this step", req.id)
+            return Draft()  # drafts never change the output: a failure here costs only them
+        room = min(req.spec.n_max, self.runner.memory.max_len - len(req.context))
+        if room <= 0:
+            return Draft()
+        forced = forced[:room]
+        if tokens[: len(forced)] == forced[: len(tokens)] and len(tokens) >= len(forced):
+            return draft if len(tokens) == len(draft) else Draft(tokens, tier=draft.tier)
+        return Draft(forced)
 
     def _measures_verify_cost(self, plan: StepPlan, rows: int, threads: int) -> bool:
         """Whether this forward's time is a sample of what `rows` decode rows cost.
@@ -200,14 +228,17 @@ class Engine:
         return not self.threads or threads == self.threads.best(rows)
 
     def _accept(
-        self, req: Request, draft: Draft, result: VerifyResult, rows: torch.Tensor
+        self, req: Request, draft: Draft, verified: Draft, result: VerifyResult, rows: torch.Tensor
     ) -> StepOutput:
         """Feed the verification back (speculator, draft budget, statistics), then emit
-        (rows: the slot's raw logits, row i the one that decided result.tokens[i])."""
+        (rows: the slot's raw logits, row i the one that decided result.tokens[i]). The
+        speculator hears how much of its own draft was kept, which differs from what was
+        verified only where a grammar cut or replaced it."""
+        own = result.accepted if verified is draft else _kept_of(draft, result)
         if self.speculator is not None:
-            self.speculator.accept(req.slot, result.accepted)
-        self.budget.update(req.slot, len(draft), result.accepted, req.spec.n_max)
-        req.timings.draft_n += len(draft)
+            self.speculator.accept(req.slot, own)
+        self.budget.update(req.slot, len(draft), own, req.spec.n_max)
+        req.timings.draft_n += len(verified)
         req.timings.draft_n_accepted += result.accepted
         return self._emit(req, result.tokens, rows)
 
@@ -377,3 +408,11 @@ class Engine:
         self.budget.reset(req.slot)
         if self.speculator is not None:
             self.speculator.reset(req.slot)
+
+
+def _kept_of(draft: Draft, result: VerifyResult) -> int:
+    """How many of `draft`'s tokens stand in the accepted part of `result`."""
+    n = 0
+    while n < min(len(draft), result.accepted) and draft.tokens[n] == result.tokens[n]:
+        n += 1
+    return n

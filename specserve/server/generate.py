@@ -21,12 +21,14 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from specserve.engine.constrain import JsonConstraint
 from specserve.engine.request import Request as EngineRequest
 from specserve.engine.request import SpecParams
 from specserve.errors import SpecserveError
+from specserve.grammar.constraint import GrammarConstraint
+from specserve.grammar.formats import CALL_START, Grammar, GrammarError, compile_grammar
+from specserve.grammar.vocab import grammar_vocab
 from specserve.loading.tokenizer import Tokenizer
-from specserve.server import logprobs, streams, tools
+from specserve.server import logprobs, streams, structured, tools
 from specserve.server.checks import check_caps, check_prediction, sampling, unsupported
 from specserve.server.errors import ApiError
 from specserve.server.loop import EngineFailure, EngineLoop, Handle, QueueFull
@@ -97,12 +99,14 @@ class OpenAIEndpoints:
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
         self._check(body)
         offered = tools.offered(body, self.tok.chat_template)
+        grammar = self._chat_grammar(body, offered)
         turns = [tools.template_message(_turn(m)) for m in body.messages]
         prompt = await self._off_loop(self._chat_prompt, turns, offered)
         use_mct = body.max_completion_tokens is not None
         limit = body.max_completion_tokens if use_mct else body.max_tokens
         param = "max_completion_tokens" if use_mct else "max_tokens"
-        handle, run = await self._start(body, prompt, limit, param, _tenant(request, body))
+        tenant = _tenant(request, body)
+        handle, run = await self._start(body, prompt, limit, param, tenant, grammar)
         if offered:
             run = tools.with_calls(run, [t["function"]["name"] for t in offered])
         ids = streams.Ids("chatcmpl-" + uuid.uuid4().hex, self.model_id)
@@ -115,8 +119,10 @@ class OpenAIEndpoints:
     async def completion(self, body: CompletionRequest, request: Request) -> Response:
         self._check(body)
         prompt = await self._off_loop(self._completion_prompt, body.prompt)
-        tenant = _tenant(request, body)
-        handle, run = await self._start(body, prompt, body.max_tokens, "max_tokens", tenant)
+        tenant, grammar = _tenant(request, body), structured.requested(body)
+        handle, run = await self._start(
+            body, prompt, body.max_tokens, "max_tokens", tenant, grammar
+        )
         if body.echo:  # the prompt's own text (decoded, for a prompt of token ids) first
             echo = body.prompt if isinstance(body.prompt, str) else self.tok.decode(prompt)
             run = _prefixed(echo, run)
@@ -138,18 +144,41 @@ class OpenAIEndpoints:
             turns += [{"role": m.role, "content": m.content} for m in body.input]
         prompt = await self._off_loop(self._chat_prompt, turns)
         limit, tenant = body.max_output_tokens, _tenant(request, body)
-        handle, run = await self._start(body, prompt, limit, "max_output_tokens", tenant)
+        grammar = structured.requested(body)
+        handle, run = await self._start(body, prompt, limit, "max_output_tokens", tenant, grammar)
         ids = streams.Ids("resp_" + uuid.uuid4().hex, self.model_id)
         if body.stream:
             return EngineStream(handle, streams.response_events(ids, _errors_as_events(run)))
         got, fin = await _collect(run, handle, request)
         return JSONResponse(streams.response_object(ids, got, fin))
 
+    def _chat_grammar(
+        self, body: ChatCompletionRequest, offered: list[Any] | None
+    ) -> Grammar | None:
+        asked = structured.requested(body)
+        if not offered:
+            return asked
+        if asked is not None:
+            raise ApiError(
+                400,
+                f'{asked.field} and tools together are not supported; send tool_choice "none"',
+                param=asked.field,
+            )
+        return structured.tool_grammar(body, offered, self._tags_are_tokens)
+
     @cached_property
-    def _token_table(self) -> list[bytes]:
-        """Each token id's bytes, for JSON mode (built at its first request, not at start-up:
-        docs/perf/quality.md)."""
-        return self.tok.token_table(self.vocab_size)
+    def _tags_are_tokens(self) -> bool:
+        """Whether the vocabulary spells the tool-call tag as one token of its own."""
+        return len(self.tok.encode_text(CALL_START)) == 1
+
+    def _constraint(self, grammar: Grammar) -> GrammarConstraint:
+        """The request's matcher (the library's view of the vocabulary is built at the first
+        constrained request, not at start-up)."""
+        vocab = grammar_vocab(self.tok, self.vocab_size)
+        try:
+            return GrammarConstraint(vocab, compile_grammar(grammar, vocab), self.tok.eog_ids)
+        except GrammarError as e:
+            raise ApiError(400, str(e), param=grammar.field) from e
 
     # -- checks and prompts ----------------------------------------------------------------
     def _check(self, body: GenerationRequest) -> None:
@@ -268,6 +297,7 @@ class OpenAIEndpoints:
         asked: int | None,
         param: str,
         tenant: str | None,
+        grammar: Grammar | None = None,
     ) -> tuple[Handle, AsyncIterator[Delta | Finish]]:
         """Check the settings, submit, and wait until the engine has taken the request."""
         top = logprobs.asked(body)
@@ -276,9 +306,8 @@ class OpenAIEndpoints:
         req = EngineRequest(prompt, params, self._spec(body.speculative), self.tok.eog_ids)
         req.cache_prompt = body.cache_prompt
         req.cache_salt = tenant
-        if body.output_format == "json_object":
-            table = await self._off_loop(lambda: self._token_table)
-            req.constraint = JsonConstraint(table, self.tok.eog_ids)
+        if grammar is not None:
+            req.constraint = await self._off_loop(self._constraint, grammar)
         if body.prediction is not None:
             text = _text_of(body.prediction.content)
             encode = self.tok.encode_text

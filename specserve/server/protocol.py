@@ -2,11 +2,11 @@
 
 Requests accept (and ignore) fields we do not model, as OpenAI clients send many
 (`user`, `metadata`, ...); fields we do model are type-checked, and a wrong type is a 400.
-Fields that would change the output but are not implemented (`response_format`
-`json_schema`, `tools` outside chat or with a forced `tool_choice`, `best_of`, `suffix`) are
-modelled only to be refused with a 400 that names them: ignoring them would return text
-the client did not ask for. `response_format` `json_object` is JSON mode (constrained
-decoding, engine/constrain.py); the Responses API spells it `text: {"format": ...}`.
+Fields that would change the output but are not implemented (`tools` outside chat,
+`best_of`, `suffix`) are modelled only to be refused with a 400 that names them: ignoring
+them would return text the client did not ask for. `response_format` (`json_object`,
+`json_schema`; the Responses API spells it `text: {"format": ...}`) and the structured-output
+extensions of vLLM and llama.cpp constrain the output to a grammar (server/structured.py).
 Logprobs come in each endpoint's own shape: chat's `logprobs: true` + `top_logprobs`,
 legacy completions' `logprobs: N`, the Responses API's
 `include: ["message.output_text.logprobs"]` + `top_logprobs`.
@@ -120,12 +120,6 @@ class GenerationRequest(BaseModel):
     cache_salt: str | None = Field(default=None, max_length=256)
 
     @property
-    def output_format(self) -> str:
-        """The reply's format: "text", or "json_object" for JSON mode (or what else the
-        body asks for, to be refused)."""
-        return "text" if self.response_format is None else self.response_format.type
-
-    @property
     def stop_strings(self) -> list[str]:
         """`stop` as a list, whether sent as one string or several."""
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -222,12 +216,6 @@ class ResponsesRequest(GenerationRequest):
     text: ResponsesText | None = None
 
     include: list[str] | None = None  # "message.output_text.logprobs" asks for logprobs
-
-    @property
-    def output_format(self) -> str:
-        if self.text is not None and self.text.format is not None:
-            return self.text.format.type
-        return super().output_format
 
 
 # -- responses ------------------------------------------------------------------------------

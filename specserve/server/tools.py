@@ -44,14 +44,14 @@ START, END = "<tool_call>", "</tool_call>"
 
 
 def offered(body: ChatCompletionRequest, chat_template: str | None) -> list[Any] | None:
-    """The tools to offer the model: none unless asked, and tool_choice "auto"."""
+    """The tools to offer the model: none unless asked, or with tool_choice "none"."""
     if not body.tools or body.tool_choice == "none":
         return None
-    if body.tool_choice not in (None, "auto"):
+    if isinstance(body.tool_choice, str) and body.tool_choice not in ("auto", "required"):
         raise ApiError(
             400,
-            f"tool_choice {body.tool_choice!r} is not supported (forcing a call needs "
-            'schema-constrained decoding); send "auto" or "none"',
+            f'tool_choice is "none", "auto", "required" or a named function, got '
+            f"{body.tool_choice!r}",
             param="tool_choice",
         )
     if not chat_template or START not in chat_template:

@@ -148,7 +148,15 @@ def test_tools_reach_the_prompt_and_a_reply_without_calls_is_content(tooled: Liv
 
 
 TOOL_ERRORS = {
-    "forced-choice": ({"tool_choice": "required"}, "tool_choice 'required' is not supported"),
+    "unknown-choice": ({"tool_choice": "sometimes"}, 'tool_choice is "none", "auto"'),
+    "unknown-named-tool": (
+        {"tool_choice": {"type": "function", "function": {"name": "rm"}}},
+        "tool_choice names a tool",
+    ),
+    "format-beside-tools": (
+        {"response_format": {"type": "json_object"}},
+        "response_format and tools together",
+    ),
     "not-a-function": ({"tools": [{"type": "function"}]}, "each tool must be"),
 }
 
