@@ -26,7 +26,7 @@ the randomness behind the token at position t does not depend on the batch, on t
 length, or on how many random numbers were used before; this is what makes "sampled"
 verification reproduce non-speculative sampling token for token.
 
-This module sits in spec/ because spec/ never imports engine/; engine/sampling.py builds
+This module sits in speculative/, which never imports engine/; engine/sampling.py builds
 the target distributions and re-uses the primitives below for ordinary sampling.
 """
 
@@ -116,7 +116,7 @@ class VerifyResult:
     tokens: list[int]
 
 
-# ---- one slot: the readable references ----------------------------------------------------
+# ---- the rules --------------------------------------------------------------------------
 
 
 def argmax_rows(logits: torch.Tensor) -> list[int]:
@@ -215,141 +215,3 @@ def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 def _check_rows(rows: torch.Tensor, k: int) -> None:
     if rows.dim() != 2 or rows.shape[0] != k + 1:
         raise ValueError(f"need [k + 1, V] = [{k + 1}, V] target rows, got {tuple(rows.shape)}")
-
-
-# ---- many slots: the flat batched form ------------------------------------------------------
-
-
-@dataclass
-class FlatDrafts:
-    """All slots' drafts of one step, concatenated (vLLM's flat layout).
-
-    tokens: [D] int64, D = sum_b k_b; slot b owns tokens[cu[b]:cu[b + 1]].
-    cu: [B + 1] cumulative draft lengths, cu[0] = 0 (host-side metadata).
-    probs: [D, V] draft probabilities, or None when no slot has any; the rows of slots
-        without probabilities are zeros and are never read.
-    has_probs: [B] whether slot b's rows of `probs` are real.
-
-    The matching target rows are [D + B, V]: slot b owns rows cu[b] + b .. cu[b + 1] + b,
-    its k_b draft rows followed by its bonus row.
-    """
-
-    tokens: torch.Tensor
-    cu: list[int]
-    probs: torch.Tensor | None
-    has_probs: list[bool]
-
-    @classmethod
-    def from_drafts(
-        cls, drafts: Sequence[Draft], device: torch.device | str | None = None
-    ) -> FlatDrafts:
-        cu = [0]
-        for d in drafts:
-            cu.append(cu[-1] + len(d))
-        tokens = torch.tensor([t for d in drafts for t in d.tokens], dtype=torch.long)
-        has_probs = [d.probs is not None for d in drafts]
-        for d in drafts:
-            if d.probs is not None and (d.probs.dim() != 2 or d.probs.shape[0] != len(d)):
-                raise ValueError(f"draft probs {tuple(d.probs.shape)} for a {len(d)}-token draft")
-        probs = None
-        with_probs = [d.probs for d in drafts if d.probs is not None]
-        if with_probs:
-            probs = torch.zeros(cu[-1], with_probs[0].shape[-1], dtype=with_probs[0].dtype)
-            for b, d in enumerate(drafts):
-                if d.probs is not None:
-                    probs[cu[b] : cu[b + 1]] = d.probs.to(probs)
-            probs = probs.to(device)
-        return cls(tokens.to(device), cu, probs, has_probs)
-
-    @property
-    def num_slots(self) -> int:
-        return len(self.cu) - 1
-
-
-@dataclass
-class _RowLayout:
-    """Per target row its slot's seed and the position it decides ([D + B] each), and the
-    target row of each draft token ([D])."""
-
-    seeds: list[int]
-    positions: list[int]
-    draft_rows: list[int]
-
-    @classmethod
-    def of(cls, drafts: FlatDrafts, seeds: Sequence[int], positions: Sequence[int]) -> _RowLayout:
-        layout = cls([], [], [])
-        for b in range(drafts.num_slots):
-            k = drafts.cu[b + 1] - drafts.cu[b]
-            layout.seeds += [seeds[b]] * (k + 1)
-            layout.positions += range(positions[b], positions[b] + k + 1)
-            layout.draft_rows += range(drafts.cu[b] + b, drafts.cu[b + 1] + b)
-        return layout
-
-
-def verify_batch(
-    target_probs: torch.Tensor,
-    drafts: FlatDrafts,
-    seeds: Sequence[int],
-    positions: Sequence[int],
-) -> list[VerifyResult]:
-    """Verify every slot at once; equals `verify_slot` slot by slot (tested).
-
-    target_probs: [D + B, V] in the layout of `FlatDrafts` (greedy slots: one-hot rows).
-    seeds, positions: [B] each slot's seed and the absolute position of its first
-    emitted token. Returns one VerifyResult per slot; verdicts come back in one copy.
-    """
-    b_count, d_count = drafts.num_slots, drafts.cu[-1]
-    if len(seeds) != b_count or len(positions) != b_count:
-        raise ValueError(f"{b_count} slots, {len(seeds)} seeds, {len(positions)} positions")
-    if target_probs.dim() != 2 or target_probs.shape[0] != d_count + b_count:
-        raise ValueError(f"need [D + B, V] = [{d_count + b_count}, V] target rows")
-    layout = _RowLayout.of(drafts, seeds, positions)
-    u = position_uniforms(layout.seeds, layout.positions, Stream.SAMPLE, target_probs.device)
-    samples = sample_from_probs(target_probs, u)  # [D + B]
-    accepted, emitted = _judge_drafts(target_probs, drafts, samples, layout)
-    host = torch.cat([accepted.long(), emitted, samples]).tolist()
-    acc, emit, samp = host[:d_count], host[d_count : 2 * d_count], host[2 * d_count :]
-    tokens = drafts.tokens.tolist()
-    results = []
-    for b in range(b_count):
-        lo, hi = drafts.cu[b], drafts.cu[b + 1]
-        n = 0
-        while lo + n < hi and acc[lo + n]:
-            n += 1
-        last = emit[lo + n] if lo + n < hi else samp[hi + b]
-        results.append(VerifyResult(n, [*tokens[lo : lo + n], last]))
-    return results
-
-
-def _judge_drafts(
-    target_probs: torch.Tensor,
-    drafts: FlatDrafts,
-    samples: torch.Tensor,
-    layout: _RowLayout,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per draft token: accepted? ([D] bool) and the token to emit if it is not ([D] int64).
-
-    Without draft probabilities: the target's sample is the verdict and the replacement.
-    With them: the min(1, p/q) coin and a sample of the residual (Leviathan et al.).
-    """
-    device = target_probs.device
-    d = drafts.tokens.to(device)
-    rows = torch.tensor(layout.draft_rows, dtype=torch.long, device=device)
-    emitted = samples[rows]
-    accepted = emitted == d
-    slot_of = [b for b in range(drafts.num_slots) for _ in range(drafts.cu[b], drafts.cu[b + 1])]
-    judged = [j for j, b in enumerate(slot_of) if drafts.has_probs[b]]
-    if drafts.probs is None or not judged:
-        return accepted, emitted
-    idx = torch.tensor(judged, dtype=torch.long, device=device)
-    p = target_probs[rows[idx]].to(torch.float64)  # [R, V]
-    q = drafts.probs.to(device)[idx].to(torch.float64)  # [R, V]
-    tok = d[idx].unsqueeze(-1)
-    j_rows = [layout.draft_rows[j] for j in judged]
-    j_seeds = [layout.seeds[r] for r in j_rows]
-    j_positions = [layout.positions[r] for r in j_rows]
-    u = position_uniforms(j_seeds, j_positions, Stream.ACCEPT, device)
-    accepted[idx] = u * q.gather(-1, tok).squeeze(-1) < p.gather(-1, tok).squeeze(-1)
-    u = position_uniforms(j_seeds, j_positions, Stream.RECOVER, device)
-    emitted[idx] = sample_from_probs(_residual(p, q), u)
-    return accepted, emitted
