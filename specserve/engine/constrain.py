@@ -1,41 +1,18 @@
 """Constrained decoding (OpenAI's JSON mode): every emitted token keeps the output a prefix
 of a JSON object, and the end-of-generation token comes only once the object is whole.
 
-No vocabulary-wide mask is built. A greedy row takes the most likely token the grammar
-allows, looked for in logit order (most rows: their argmax); a sampled row draws from the
-request's distribution and, while the draw is not allowed, removes it and draws again
-with a fresh uniform of the same position (rejection: exactly the distribution restricted
-to the allowed tokens). A first draw or argmax that is allowed is what unconstrained
-decoding would emit.
-
-Speculation: row i of [last, d1..dk] is judged in the grammar state after d1..di, the
-state plain decoding would be in there, and each row's choice depends only on its logits,
-that state and its position's randomness. So a draft is verified by the sampled rule
-(drafts with probabilities too: it is exact for any draft), and the output with drafts
-equals the output without, token for token.
-
-If no token is allowed (the request has no end-of-generation id, or top-k / top-p left no
-allowed token), the row falls back to its highest-scoring allowed token, then to its
-argmax.
+`JsonConstraint` is the `Constraint` (speculative/verify.py) of JSON mode: it answers which
+token may come next by advancing the recognizer's immutable states (engine/json_grammar.py)
+along each candidate's bytes, so no vocabulary-wide mask is built; verification picks and
+judges drafts with it (`verify_constrained`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import torch
-
 from specserve.engine import json_grammar
 from specserve.engine.json_grammar import State
-from specserve.speculative.verify import (
-    Stream,
-    VerifyResult,
-    position_uniforms,
-    ranked_ids,
-    sample_from_probs,
-)
-
-MAX_DRAWS = 64  # draws per sampled row before the greedy fallback
 
 
 class JsonConstraint:
@@ -46,6 +23,11 @@ class JsonConstraint:
         self.table = table
         self.end_ids = end_ids
         self.state: State = json_grammar.START
+        # (token, state after it) along the prefix `allowed` was asked for last, from
+        # `_walked_from`: verification asks for draft[:0], draft[:1], ... in turn, and
+        # walking each from the start would cost the square of the draft's length
+        self._walked: list[tuple[int, State]] = []
+        self._walked_from: State = self.state
 
     def after(self, state: State, token: int) -> State | None:
         """The state once `token` is emitted in `state`; None if it is not allowed."""
@@ -54,73 +36,28 @@ class JsonConstraint:
         data = self.table[token] if token < len(self.table) else b""
         return json_grammar.advance(state, data) if data else None
 
+    def allowed(self, prefix: Sequence[int]) -> Callable[[int], bool]:
+        """Whether a token may follow the output and then `prefix` (a refused token of the
+        prefix leaves the state where it was, as in `feed`)."""
+        state = self._state_after(prefix)
+        return lambda token: self.after(state, token) is not None
+
     def feed(self, tokens: Sequence[int]) -> None:
         """Emitted tokens (allowed ones, or a fallback's) move the request's state."""
         for token in tokens:
             self.state = self.after(self.state, token) or self.state
 
-
-def verify_constrained(
-    constraint: JsonConstraint,
-    logits: torch.Tensor,
-    probs: torch.Tensor | None,
-    draft: Sequence[int],
-    seed: int,
-    position: int,
-) -> VerifyResult:
-    """logits: [k + 1, V] (penalised, biased); probs: their sampling distribution, None
-    for greedy; position: that of the first token this step emits."""
-    state = constraint.state
-    for i in range(len(draft) + 1):
-        allowed = _allowed(constraint, state)
-        if probs is None:
-            token = pick_greedy(logits[i], allowed)
-        else:
-            token = pick_sampled(probs[i], allowed, seed, position + i, logits[i])
-        if i == len(draft) or token != draft[i]:
-            return VerifyResult(i, [*draft[:i], token])
-        state = constraint.after(state, token) or state
-    raise AssertionError("unreachable")
-
-
-def _allowed(constraint: JsonConstraint, state: State) -> Callable[[int], bool]:
-    return lambda token: constraint.after(state, token) is not None
-
-
-def pick_greedy(row: torch.Tensor, allowed: Callable[[int], bool]) -> int:
-    """The allowed token of highest logit (ties: lowest id, as argmax); the argmax if none."""
-    x = row.detach().cpu().numpy()
-    best = int(x.argmax())
-    if allowed(best):
-        return best
-    checked = 0
-    for k in (16, 256, 4096, len(x)):
-        order = ranked_ids(x, k)
-        # a larger set sorted the same way starts with the smaller one: skip what was seen
-        for token in order[checked:]:
-            if allowed(token):
-                return int(token)
-        checked = len(order)
-    return best
-
-
-def pick_sampled(
-    probs: torch.Tensor,
-    allowed: Callable[[int], bool],
-    seed: int,
-    position: int,
-    logits: torch.Tensor,
-) -> int:
-    """A draw from probs restricted to the allowed tokens (first draw: the unconstrained
-    sample's uniform; draw r: the stream RETRY + r of the same position)."""
-    p = probs.detach().to(torch.float64).clone()
-    for r in range(MAX_DRAWS):
-        if not p.sum() > 0:
-            break
-        stream = Stream.SAMPLE if r == 0 else int(Stream.RETRY) + r
-        u = position_uniforms([seed], [position], stream, p.device)
-        token = int(sample_from_probs(p.unsqueeze(0), u)[0])
-        if allowed(token):
-            return token
-        p[token] = 0
-    return pick_greedy(logits, allowed)
+    def _state_after(self, prefix: Sequence[int]) -> State:
+        walked = self._walked
+        if self._walked_from is not self.state:
+            walked.clear()
+            self._walked_from = self.state
+        n = 0
+        while n < min(len(walked), len(prefix)) and walked[n][0] == prefix[n]:
+            n += 1
+        del walked[n:]
+        state = walked[-1][1] if walked else self.state
+        for token in prefix[n:]:
+            state = self.after(state, token) or state
+            walked.append((token, state))
+        return state

@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 
 import torch
 
-from specserve.engine.constrain import verify_constrained
 from specserve.engine.logprobs import TokenLogprob, token_logprobs
 from specserve.engine.prompt_cache import PromptCache
 from specserve.engine.request import Request, Status
@@ -33,7 +32,7 @@ from specserve.errors import SpecserveError
 from specserve.speculative.adaptive import DraftBudget
 from specserve.speculative.base import Draft, DraftRequest, Speculator
 from specserve.speculative.cost import ForwardCost
-from specserve.speculative.verify import VerifyResult, verify_greedy, verify_slot
+from specserve.speculative.verify import VerifyResult, verify
 
 log = logging.getLogger("specserve.engine")
 T = TypeVar("T")
@@ -302,19 +301,16 @@ class Engine:
             outputs = [req.output + list(draft.tokens[:i]) for i in range(k + 1)]
             logits = apply_penalties(logits, req.params, [req.prompt] * (k + 1), outputs)
         logits = apply_logit_bias(logits, req.params)
-        if req.constraint is not None:
-            probs = None if req.params.greedy else probs_from_logits(logits, req.params)
-            position = len(req.context)
-            result = verify_constrained(
-                req.constraint, logits, probs, draft.tokens, req.seed, position
-            )
-            return checked(result, logits.shape[-1])
-        if req.params.greedy:
-            # what the one-hot rows of probs_from_logits reduce to, without a softmax and
-            # a vocabulary-wide CDF per row
-            return verify_greedy(logits, draft.tokens)
-        probs = probs_from_logits(logits, req.params)
-        return checked(verify_slot(probs, draft, req.seed, len(req.context)), logits.shape[-1])
+        probs = None if req.params.greedy else probs_from_logits(logits, req.params)
+        result = verify(
+            logits,
+            draft,
+            probs=probs,
+            seed=req.seed,
+            position=len(req.context),
+            constraint=req.constraint,
+        )
+        return checked(result, logits.shape[-1])
 
     def _isolated(self, req: Request, fn: Callable[..., T], *args: Any) -> T | StepOutput:
         """fn(*args), or, if it raises, the request failed alone (its slot freed)."""

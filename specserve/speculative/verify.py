@@ -9,7 +9,8 @@ From those k + 1 rows and the draft, one slot keeps
 - a bonus token: when all k drafts are accepted, a token sampled from row k, for free.
 
 So every verification emits `accepted + 1` tokens and never changes what the target would
-have produced. Three rules (naming after vLLM's v1/sample/rejection_sampler.py):
+have produced. `verify` is the one entry point; it picks one of four rules (naming after
+vLLM's v1/sample/rejection_sampler.py):
 
 - greedy: accept while argmax(row i) == d_{i+1}; emit the argmax at the first mismatch.
 - sampled (drafts without probabilities, e.g. n-gram): sample every row from p with the
@@ -19,6 +20,9 @@ have produced. Three rules (naming after vLLM's v1/sample/rejection_sampler.py):
   Transformers via Speculative Decoding", arXiv 2211.17192): accept d_i with probability
   min(1, p(d_i) / q(d_i)); on rejection emit a sample from norm(max(p - q, 0)). Each
   emitted token is distributed exactly as p (the output *distribution* equals the target's).
+- constrained (a grammar the output follows, e.g. JSON mode): row i picks what plain
+  constrained decoding would pick in the grammar's state after d1..di, and the draft is
+  kept while the picks equal it; identical to decoding without drafts, as "sampled".
 
 Randomness is counter-based: the uniform a decision uses is a hash of (seed, absolute
 position of the token being decided, stream), never a draw from a stateful generator. So
@@ -32,9 +36,10 @@ the target distributions and re-uses the primitives below for ordinary sampling.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -116,6 +121,55 @@ class VerifyResult:
     tokens: list[int]
 
 
+# ---- the entry point ---------------------------------------------------------------------
+
+
+class Constraint(Protocol):
+    """The grammar a request's output follows, as verification asks it (JSON mode:
+    engine/constrain.py). Both questions are about the output emitted so far, which only
+    `feed` moves: a mask-based grammar engine answers `allowed` by consuming the prefix,
+    reading its token mask and rolling back."""
+
+    def allowed(self, prefix: Sequence[int]) -> Callable[[int], bool]:
+        """Whether a token may follow the output and then `prefix` (a draft's first tokens;
+        one the grammar refuses leaves the state where it was, as in `feed`)."""
+        ...
+
+    def feed(self, tokens: Sequence[int]) -> None:
+        """Emitted tokens move the state (one the grammar refuses, a fallback's, is skipped)."""
+        ...
+
+
+def verify(
+    logits: torch.Tensor,
+    draft: Draft,
+    *,
+    probs: torch.Tensor | None,
+    seed: int,
+    position: int,
+    constraint: Constraint | None = None,
+) -> VerifyResult:
+    """One slot's verification: every rule behind this one call.
+
+    logits: [k + 1, V] the target's rows for [last, d1..dk], penalised and biased.
+    probs: [k + 1, V] the distribution the request samples from (engine/sampling.py
+        `probs_from_logits`), or None for greedy.
+    seed, position: the request's seed and the absolute position of the first token this
+        step emits (row i decides position + i).
+    constraint: the grammar the output follows, if any.
+
+    Greedy without a constraint takes the argmax of the logits: what one-hot probs would
+    reduce every rule to (tested), without a softmax and a vocabulary-wide CDF per row.
+    """
+    if constraint is not None:
+        return verify_constrained(constraint, logits, probs, draft.tokens, seed, position)
+    if probs is None:
+        return verify_greedy(logits, draft.tokens)
+    if draft.probs is None:
+        return verify_sampled(probs, draft.tokens, seed, position)
+    return verify_rejection(probs, draft.tokens, draft.probs, seed, position)
+
+
 # ---- the rules --------------------------------------------------------------------------
 
 
@@ -194,17 +248,6 @@ def verify_rejection(
     return VerifyResult(k, [*draft, bonus])
 
 
-def verify_slot(target_probs: torch.Tensor, draft: Draft, seed: int, position: int) -> VerifyResult:
-    """One slot, the rule chosen by whether the draft carries probabilities.
-
-    target_probs: [k + 1, V]. A greedy slot passes one-hot rows (as `probs_from_logits`
-    gives for temperature 0): both rules then reduce exactly to `verify_greedy`.
-    """
-    if draft.probs is None:
-        return verify_sampled(target_probs, draft.tokens, seed, position)
-    return verify_rejection(target_probs, draft.tokens, draft.probs, seed, position)
-
-
 def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """max(p - q, 0) over [..., V]; rows left without mass (p == q up to rounding) fall back
     to p: rejection is then (almost) impossible, and p is the right limit."""
@@ -215,3 +258,77 @@ def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 def _check_rows(rows: torch.Tensor, k: int) -> None:
     if rows.dim() != 2 or rows.shape[0] != k + 1:
         raise ValueError(f"need [k + 1, V] = [{k + 1}, V] target rows, got {tuple(rows.shape)}")
+
+
+# ---- constrained: the output follows a grammar --------------------------------------------
+
+MAX_DRAWS = 64  # draws per sampled row before the greedy fallback
+
+
+def verify_constrained(
+    constraint: Constraint,
+    logits: torch.Tensor,
+    probs: torch.Tensor | None,
+    draft: Sequence[int],
+    seed: int,
+    position: int,
+) -> VerifyResult:
+    """Row i is judged in the grammar's state after d1..di, the state plain decoding would
+    be in there, and its pick depends only on its row, that state and its position's
+    randomness: so any draft (with probabilities too) is verified exactly by comparing.
+
+    logits: [k + 1, V]; probs: their sampling distribution, None for greedy.
+    """
+    for i in range(len(draft) + 1):
+        allowed = constraint.allowed(draft[:i])
+        if probs is None:
+            token = pick_greedy(logits[i], allowed)
+        else:
+            token = pick_sampled(probs[i], allowed, seed, position + i, logits[i])
+        if i == len(draft) or token != draft[i]:
+            return VerifyResult(i, [*draft[:i], token])
+    raise AssertionError("unreachable")
+
+
+def pick_greedy(row: torch.Tensor, allowed: Callable[[int], bool]) -> int:
+    """The allowed token of highest logit (ties: lowest id, as argmax); the argmax if none.
+    No vocabulary-wide mask: tokens are tried in logit order, and most rows' argmax is
+    allowed."""
+    x = row.detach().cpu().numpy()
+    best = int(x.argmax())
+    if allowed(best):
+        return best
+    checked = 0
+    for k in (16, 256, 4096, len(x)):
+        order = ranked_ids(x, k)
+        # a larger set sorted the same way starts with the smaller one: skip what was seen
+        for token in order[checked:]:
+            if allowed(token):
+                return int(token)
+        checked = len(order)
+    return best
+
+
+def pick_sampled(
+    probs: torch.Tensor,
+    allowed: Callable[[int], bool],
+    seed: int,
+    position: int,
+    logits: torch.Tensor,
+) -> int:
+    """A draw from probs restricted to the allowed tokens: while a draw is not allowed, it
+    is removed and drawn again (rejection: exactly the restricted distribution). The first
+    draw uses the unconstrained sample's uniform, so an allowed one is what unconstrained
+    decoding would emit; draw r uses the stream RETRY + r of the same position. With no
+    allowed mass (top-k / top-p left none) the greedy pick of the logits."""
+    p = probs.detach().to(torch.float64).clone()
+    for r in range(MAX_DRAWS):
+        if not p.sum() > 0:
+            break
+        stream = Stream.SAMPLE if r == 0 else int(Stream.RETRY) + r
+        u = position_uniforms([seed], [position], stream, p.device)
+        token = int(sample_from_probs(p.unsqueeze(0), u)[0])
+        if allowed(token):
+            return token
+        p[token] = 0
+    return pick_greedy(logits, allowed)

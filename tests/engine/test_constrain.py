@@ -9,13 +9,13 @@ from collections import Counter
 import pytest
 import torch
 
-from specserve.engine.constrain import pick_greedy, pick_sampled
 from specserve.engine.engine import Engine
 from specserve.engine.json_grammar import START, advance
 from specserve.engine.request import Request
 from specserve.engine.runner import ModelRunner
 from specserve.engine.sampling import SamplingParams, sample
 from specserve.loading.model import load_model
+from specserve.speculative.verify import pick_greedy, pick_sampled
 from tests.tiny import CHAR_END, json_mode, write_hf_folder
 
 
@@ -50,6 +50,27 @@ def test_the_end_token_only_closes_a_whole_object() -> None:
     assert c.after(START, ord("{")) is not None and c.after(START, 5) is None
     c.feed([ord("{"), ord("}")])
     assert c.after(c.state, CHAR_END) == c.state and c.after(c.state, ord(" ")) is None
+
+
+def test_allowed_after_a_prefix_is_the_walk_along_it_asked_in_any_order() -> None:
+    c = json_mode()
+    text = list(b'{"a": [1, 2], "b": "x"}')
+
+    def walked(prefix: list[int]) -> list[bool]:
+        state = c.state
+        for token in prefix:  # a refused token leaves the state, as feed does
+            state = c.after(state, token) or state
+        return [c.after(state, t) is not None for t in range(128)]
+
+    asks = [text[:0], text[:1], text[:6], text[:3], text[:9], [ord("{"), ord("x"), ord('"')]]
+    closed = list(b'{"a": 1}')  # whole at the top, but not inside another object
+    for prefix in [*asks, text, text[:2], closed]:
+        allowed = c.allowed(prefix)
+        assert [allowed(t) for t in range(128)] == walked(prefix), bytes(prefix)
+    c.feed(text[:5])  # the output moves: prefixes count from its new state
+    for prefix in (closed, text[5:8], text[5:6], []):
+        allowed = c.allowed(prefix)
+        assert [allowed(t) for t in range(128)] == walked(prefix), bytes(prefix)
 
 
 @pytest.fixture(scope="module")

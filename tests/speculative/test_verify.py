@@ -14,10 +14,10 @@ from specserve.speculative.verify import (
     VerifyResult,
     position_uniforms,
     sample_from_probs,
+    verify,
     verify_greedy,
     verify_rejection,
     verify_sampled,
-    verify_slot,
 )
 
 V = 8
@@ -64,8 +64,9 @@ def test_one_hot_rows_reduce_every_rule_to_greedy(
     """Greedy slots reach verify as one-hot rows; both stochastic rules must then be greedy."""
     gen = torch.Generator().manual_seed(0)
     probs = random_probs(len(draft), gen) if with_probs else None
+    rows = one_hot(targets)
     for seed in range(20):
-        got = verify_slot(one_hot(targets), Draft(draft, probs), seed=seed, position=11)
+        got = verify(rows, Draft(draft, probs), probs=rows, seed=seed, position=11)
         assert got == VerifyResult(accepted, tokens)
 
 
@@ -195,7 +196,8 @@ def verify_each(
     """Every slot verified on its own rows of `target`."""
     out, row = [], 0
     for d, s, pos in zip(drafts, seeds, positions, strict=True):
-        out.append(verify_slot(target[row : row + len(d) + 1], d, s, pos))
+        rows = target[row : row + len(d) + 1]
+        out.append(verify(rows, d, probs=rows, seed=s, position=pos))
         row += len(d) + 1
     return out
 
