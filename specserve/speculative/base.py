@@ -184,6 +184,8 @@ class Speculator:
         return types is None or self.name in types
 
     def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        """One draft per request: the drafter is asked for the length worth drafting and
+        what it drafts is cut to the length worth verifying (`self.worth`), then counted."""
         t0 = time.perf_counter()
         for req in requests:  # the token after each slot's last draft is known now
             self.rates.settle(req.slot, req.tokens)
