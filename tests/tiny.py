@@ -94,13 +94,10 @@ _CHAR_TOKENIZER = None
 def constraint(kind: str = "json_object", source: object = None):  # noqa: ANN201
     """A GrammarConstraint over the char tokenizer's ids (32..126 spell their ASCII
     character; CHAR_END ends the reply)."""
-    from specserve.grammar.constraint import GrammarConstraint
-    from specserve.grammar.formats import Grammar, compile_grammar
-    from specserve.grammar.vocab import grammar_vocab
+    from specserve.grammar.constraint import build_constraint
+    from specserve.grammar.formats import Grammar
 
-    vocab = grammar_vocab(char_tokenizer(), VOCAB)
-    text = compile_grammar(Grammar(kind, source), vocab)  # type: ignore[arg-type]
-    return GrammarConstraint(vocab, text, frozenset({CHAR_END}))
+    return build_constraint(char_tokenizer(), VOCAB, Grammar(kind, source))  # type: ignore[arg-type]
 
 
 def write_tokenizer(folder: Path) -> None:

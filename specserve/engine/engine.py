@@ -29,11 +29,10 @@ from specserve.engine.sampling import (
 from specserve.engine.scheduler import Scheduler, StepPlan
 from specserve.engine.threads import ThreadTuner
 from specserve.errors import SpecserveError
-from specserve.grammar.constraint import verify_constrained
-from specserve.speculative.adaptive import DraftBudget
 from specserve.speculative.base import Draft, DraftRequest, Speculator
 from specserve.speculative.cost import ForwardCost
-from specserve.speculative.verify import VerifyResult, verify_greedy, verify_slot
+from specserve.speculative.draft_length import DraftBudget
+from specserve.speculative.verify import VerifyResult, verify
 
 log = logging.getLogger("specserve.engine")
 T = TypeVar("T")
@@ -80,7 +79,7 @@ class Engine:
         self.cost = cost if cost is not None else ForwardCost(measure=False)
         # thread count per forward by measured speed (None: leave torch's setting alone)
         self.threads = threads
-        self.budget = DraftBudget()
+        self.budget = DraftBudget(self.cost)  # each slot's draft limit, with the cost
         # the mtp speculator needs the target's hidden state at every prompt position, and a
         # reused prefix has none: no prompt cache with it
         self.prompts = PromptCache(runner.memory, enabled=prompt_cache and not runner.record_hidden)
@@ -243,37 +242,32 @@ class Engine:
         return self._emit(req, result.tokens, rows)
 
     def _draft(self, plan: StepPlan) -> list[Draft]:
-        """One draft per decoding slot (empty where it has none or speculation is off)."""
-        decoding = plan.decode
-        base_rows = len(decoding) + sum(len(chunk) for _, chunk, _ in plan.prefill)
-        wanted = [r for r in decoding if r.spec.n_max > 0]
+        """One draft per decoding slot (empty where it has none or speculation is off): the
+        policy limits each slot's ask (speculative/draft_length.py), the speculator drafts."""
+        wanted = [r for r in plan.decode if r.spec.n_max > 0]
         if self.speculator is None or not wanted:
-            return [Draft() for _ in decoding]
-        max_len = self.runner.memory.max_len
-        # verification feeds [last, d1..dk] from position len(context) - 1: k must fit
-        limits = [
-            min(self.budget.limit(r.slot, r.spec.n_max), max_len - len(r.context)) for r in wanted
-        ]
-        cost = self.cost.relative(base_rows, max(limits))
-        asks = [
-            DraftRequest(
-                r.slot,
-                r.context,
-                n,
-                n_min=r.spec.n_min,
-                p_min=r.spec.p_min,
-                types=r.spec.types,
-                cost=cost,
-                prediction=r.prediction,
-            )
-            for r, n in zip(wanted, limits, strict=True)
-        ]
+            return [Draft() for _ in plan.decode]
+        asks = self.budget.limit([self._draft_request(r) for r in wanted], plan.rows)
         try:
             made = iter(self.speculator.draft(asks))
         except Exception:
             log.exception("drafting failed: this step verifies no drafts")
-            return [Draft() for _ in decoding]
-        return [next(made) if r.spec.n_max > 0 else Draft() for r in decoding]
+            return [Draft() for _ in plan.decode]
+        return [next(made) if r.spec.n_max > 0 else Draft() for r in plan.decode]
+
+    def _draft_request(self, req: Request) -> DraftRequest:
+        """What the speculator is asked for this request, up to its n_max and to the room
+        its slot has left: verification feeds [last, d1..dk] from len(context) - 1."""
+        room = self.runner.memory.max_len - len(req.context)
+        return DraftRequest(
+            req.slot,
+            req.context,
+            min(req.spec.n_max, room),
+            n_min=req.spec.n_min,
+            p_min=req.spec.p_min,
+            types=req.spec.types,
+            prediction=req.prediction,
+        )
 
     def _work(self, plan: StepPlan, drafts: list[Draft]) -> list[SlotInput]:
         work = [SlotInput(r.slot, chunk, int(last)) for r, chunk, last in plan.prefill]
@@ -333,19 +327,16 @@ class Engine:
             outputs = [req.output + list(draft.tokens[:i]) for i in range(k + 1)]
             logits = apply_penalties(logits, req.params, [req.prompt] * (k + 1), outputs)
         logits = apply_logit_bias(logits, req.params)
-        if req.constraint is not None:
-            probs = None if req.params.greedy else probs_from_logits(logits, req.params)
-            position = len(req.context)
-            result = verify_constrained(
-                req.constraint, logits, probs, draft.tokens, req.seed, position
-            )
-            return checked(result, logits.shape[-1])
-        if req.params.greedy:
-            # what the one-hot rows of probs_from_logits reduce to, without a softmax and
-            # a vocabulary-wide CDF per row
-            return verify_greedy(logits, draft.tokens)
-        probs = probs_from_logits(logits, req.params)
-        return checked(verify_slot(probs, draft, req.seed, len(req.context)), logits.shape[-1])
+        probs = None if req.params.greedy else probs_from_logits(logits, req.params)
+        result = verify(
+            logits,
+            draft,
+            probs=probs,
+            seed=req.seed,
+            position=len(req.context),
+            constraint=req.constraint,
+        )
+        return checked(result, logits.shape[-1])
 
     def _isolated(self, req: Request, fn: Callable[..., T], *args: Any) -> T | StepOutput:
         """fn(*args), or, if it raises, the request failed alone (its slot freed)."""

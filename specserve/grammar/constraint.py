@@ -1,11 +1,6 @@
-"""One request's grammar, as the engine uses it.
-
-A row of the model's scores picks its token as unconstrained decoding would, and only if
-the grammar forbids that token is a vocabulary mask computed: greedy takes the allowed
-token of highest score, sampling draws again from the request's distribution restricted
-to the allowed tokens. Either way the token follows p restricted to the grammar exactly
-(a rejected first draw and a masked redraw sum to p(t) / p(allowed)), and most rows pay
-one membership test instead of a mask.
+"""One request's grammar, as verification and drafting use it: speculative/verify.py's
+`Constraint` on an llguidance matcher (the rule that picks a row's token under it is
+`pick_constrained` there).
 
 Speculation: row i of [last, d1..dk] is judged in the grammar state after d1..di (pushed
 on trial and taken back), the state plain decoding would be in there; each row's choice
@@ -24,8 +19,9 @@ import numpy as np
 import torch
 
 from specserve.errors import SpecserveError
-from specserve.grammar.formats import GrammarError
-from specserve.speculative.verify import Stream, VerifyResult, position_uniforms, sample_from_probs
+from specserve.grammar.formats import Grammar, GrammarError, compile_grammar
+from specserve.grammar.vocab import grammar_vocab
+from specserve.loading.tokenizer import Tokenizer
 
 
 class GrammarConstraint:
@@ -88,55 +84,8 @@ class GrammarConstraint:
             self._trial = 0
 
 
-def verify_constrained(
-    constraint: GrammarConstraint,
-    logits: torch.Tensor,
-    probs: torch.Tensor | None,
-    draft: Sequence[int],
-    seed: int,
-    position: int,
-) -> VerifyResult:
-    """logits: [k + 1, V] (penalised, biased) for [last, d1..dk]; probs: their sampling
-    distribution, None for greedy; position: that of the first token this step emits."""
-    tokens: list[int] = []
-    try:
-        for i in range(len(draft) + 1):
-            p = None if probs is None else probs[i]
-            token = pick(constraint, logits[i], p, seed, position + i)
-            tokens.append(token)
-            if i == len(draft) or token != draft[i]:
-                break
-            constraint.push(token)
-    finally:
-        constraint.settle()
-    return VerifyResult(len(tokens) - 1, tokens)
-
-
-def pick(
-    constraint: GrammarConstraint,
-    row: torch.Tensor,
-    p: torch.Tensor | None,
-    seed: int,
-    position: int,
-) -> int:
-    """One row's token under the grammar (p: the row's distribution; None for greedy)."""
-    if p is None:
-        token = int(row.argmax())
-    else:
-        u = position_uniforms([seed], [position], Stream.SAMPLE, p.device)
-        token = int(sample_from_probs(p.unsqueeze(0), u)[0])
-    if constraint.allows(token):
-        return token
-    mask = constraint.mask(row.shape[-1])
-    if not bool(mask.any()):
-        raise SpecserveError("the grammar allows no token here")
-    if p is not None:
-        kept = torch.where(mask, p.to(torch.float64), 0.0)
-        if kept.sum() > 0:
-            u = position_uniforms([seed], [position], Stream.RETRY, p.device)
-            return int(sample_from_probs(kept.unsqueeze(0), u)[0])
-    # greedy, or top-k / top-p left no allowed token: the allowed token of highest score
-    token = int(torch.where(mask, row, float("-inf")).argmax())
-    if not constraint.allows(token):  # a dead end: what the grammar wants no token spells
-        raise SpecserveError("the grammar allows no token of this vocabulary here")
-    return token
+def build_constraint(tok: Tokenizer, vocab_size: int, grammar: Grammar) -> GrammarConstraint:
+    """A request's constraint for `grammar` over a model of `vocab_size` rows (GrammarError,
+    quoting the library, for a grammar that does not compile)."""
+    vocab = grammar_vocab(tok, vocab_size)
+    return GrammarConstraint(vocab, compile_grammar(grammar, vocab), tok.eog_ids)

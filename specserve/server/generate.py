@@ -24,9 +24,8 @@ from starlette.types import Receive, Scope, Send
 from specserve.engine.request import Request as EngineRequest
 from specserve.engine.request import SpecParams
 from specserve.errors import SpecserveError
-from specserve.grammar.constraint import GrammarConstraint
-from specserve.grammar.formats import CALL_START, Grammar, GrammarError, compile_grammar
-from specserve.grammar.vocab import grammar_vocab
+from specserve.grammar.constraint import GrammarConstraint, build_constraint
+from specserve.grammar.formats import CALL_START, Grammar, GrammarError
 from specserve.loading.tokenizer import Tokenizer
 from specserve.server import logprobs, streams, structured, tools
 from specserve.server.checks import check_caps, check_prediction, sampling, unsupported
@@ -174,9 +173,8 @@ class OpenAIEndpoints:
     def _constraint(self, grammar: Grammar) -> GrammarConstraint:
         """The request's matcher (the library's view of the vocabulary is built at the first
         constrained request, not at start-up)."""
-        vocab = grammar_vocab(self.tok, self.vocab_size)
         try:
-            return GrammarConstraint(vocab, compile_grammar(grammar, vocab), self.tok.eog_ids)
+            return build_constraint(self.tok, self.vocab_size, grammar)
         except GrammarError as e:
             raise ApiError(400, str(e), param=grammar.field) from e
 

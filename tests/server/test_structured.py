@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 
 import httpx2
 import pytest
 
-from specserve.loading.model import LoadedModel
 from tests.server.conftest import MODEL_ID, LiveServer
 from tests.server.test_openai_api import HELLO, client
 from tests.server.test_tools import ASK, tooled  # noqa: F401 (a fixture)
@@ -41,7 +39,8 @@ def check_schema(text: str) -> None:
 # each spelling -> a check of its reply
 SPELLINGS = {
     "response_format-json_schema": (
-        {"response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": SCHEMA, "strict": True}}},
+        {"response_format": {"type": "json_schema",
+                             "json_schema": {"name": "t", "schema": SCHEMA, "strict": True}}},
         check_schema,
     ),
     "structured_outputs-json": ({"structured_outputs": {"json": SCHEMA}}, check_schema),
@@ -88,13 +87,15 @@ def test_completions_and_sampling_follow_the_grammar_too(live: LiveServer) -> No
 REFUSED = {
     "bad-schema": ({"guided_json": {"type": "strin"}}, "strin"),
     "bad-regex": ({"guided_regex": "[0-9]+("}, "unclosed group"),
-    "bad-grammar": ({"grammar": "root ::= (("}, "guided_grammar" if False else "grammar"),
+    "bad-grammar": ({"grammar": "root ::= (("}, "grammar"),
     "two-formats": (
         {"response_format": {"type": "json_object"}, "guided_regex": "a"},
         "ask for one output format",
     ),
     "empty-choice": ({"guided_choice": []}, None),
-    "no-schema": ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "schema"),
+    "no-schema": (
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "schema"
+    ),
     "unknown-format": ({"response_format": {"type": "yaml"}}, "not supported"),
 }  # fmt: skip
 
