@@ -49,9 +49,27 @@ class _Pieces:
         self.eos_token_id = min(tok.eog_ids) if tok.eog_ids else None
         self.bos_token_id = hf.bos_token_id
         self._encode = tok.encode_text
+        self._ids = {b: i for i, b in enumerate(self.tokens) if b and i not in self.special_token_ids}
+        self._longest = max(map(len, self._ids), default=1)
 
     def __call__(self, text: str) -> list[int]:
-        return self._encode(text)
+        """The library tokenizes forced text with this; ids must spell the text exactly,
+        and a tokenizer that normalizes (drops a lone space, say) does not: then the
+        longest piece at each point."""
+        ids = self._encode(text)
+        data = text.encode()
+        if b"".join(self.tokens[i] for i in ids) == data:
+            return ids
+        out, at = [], 0
+        while at < len(data):
+            for n in range(min(self._longest, len(data) - at), 0, -1):
+                if data[at : at + n] in self._ids:
+                    out.append(self._ids[data[at : at + n]])
+                    at += n
+                    break
+            else:
+                return ids  # no piece spells this byte: the library's own fallback
+        return out
 
 
 def _is_tag(text: str) -> bool:

@@ -62,7 +62,12 @@ def test_responses_api_spells_json_mode_as_text_format(live: LiveServer) -> None
     }
     got = httpx2.post(live.url + "/v1/responses", json=body, timeout=60).json()
     assert got["output"][0]["content"][0]["text"] == chat.choices[0].message.content
-    schema = {"type": "object", "properties": {"a": {"enum": ["yes", "no"]}}, "required": ["a"]}
+    schema = {
+        "type": "object",
+        "properties": {"a": {"enum": ["yes", "no"]}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
     body["text"] = {"format": {"type": "json_schema", "name": "x", "schema": schema}}
     got = httpx2.post(live.url + "/v1/responses", json=body, timeout=60).json()
     assert json.loads(got["output"][0]["content"][0]["text"])["a"] in ("yes", "no")
