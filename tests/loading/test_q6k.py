@@ -13,7 +13,8 @@ from gguf.quants import dequantize
 
 from specserve.loading.model import load_model
 from specserve.loading.q6k import q6k_groups
-from specserve.models.layers.lowbit import FusedLowbit, Q6KLinear
+from specserve.models.layers.lowbit import Q6KLinear
+from specserve.models.layers.lowbit_fused import FusedLowbit
 from specserve.ops.cpu.build import problem
 from tests.loading.test_q4k import _file_floats, computes_with
 from tests.tiny import make_hf_model

@@ -252,7 +252,7 @@ def test_zero_rows_and_all_zero_blocks() -> None:
 def test_fused_q_k_v_and_gate_up_give_the_same_bits() -> None:
     from torch import nn
 
-    from specserve.models.layers.lowbit import FusedPart, fuse_lowbit
+    from specserve.models.layers.lowbit_fused import FusedPart, fuse_lowbit
 
     g = torch.Generator().manual_seed(3)
 
@@ -408,7 +408,7 @@ def test_q4k_fuses_with_other_kinds() -> None:
     # the 1.5B's attention: q and k Q4_K, v Q6_K, one call
     from torch import nn
 
-    from specserve.models.layers.lowbit import fuse_lowbit
+    from specserve.models.layers.lowbit_fused import fuse_lowbit
 
     attn = nn.Module()
     attn.q, attn.k = _q4k_layer(64, 256, seed=3), _q4k_layer(16, 256, seed=4, bias=False)
@@ -474,7 +474,7 @@ def test_x_scaled_per_256_and_per_32_do_not_share_a_call() -> None:
     # apart, and the kernel refuses a call that mixes them
     from torch import nn
 
-    from specserve.models.layers.lowbit import fuse_lowbit
+    from specserve.models.layers.lowbit_fused import fuse_lowbit
 
     mlp = nn.Module()
     mlp.gate, mlp.up = _q4k_layer(64, 256, seed=11), Q8Linear(torch.randn(64, 256), None)
