@@ -12,8 +12,9 @@ from typing import cast
 import torch
 from torch import nn
 
-from specserve.models.layers.lowbit import TILE, LowbitCall, LowbitLinear
+from specserve.models.layers.lowbit import LowbitCall, LowbitLinear
 from specserve.ops.cpu.build import load
+from specserve.ops.naive.lowbit import TILE
 
 
 class FusedLowbit(LowbitCall):
