@@ -31,6 +31,12 @@ def reference(x: torch.Tensor, layer: LowbitLinear) -> torch.Tensor:
     return lowbit_linear(x, *parts, layer.bias, dtype=torch.float64)
 
 
+def twin(x: torch.Tensor, layer: LowbitLinear) -> torch.Tensor:
+    """The layer's output from the naive twin in float32: the kernel's own bits."""
+    parts = [layer.records], [layer.KIND], [layer.out_features]
+    return lowbit_linear(x, *parts, layer.bias)
+
+
 def q4k_layer(n: int = 70, k: int = 512, seed: int = 0, bias: bool = True) -> Q4KLinear:
     """Random GGUF Q4_K fields (every q level, 6-bit sc and m) as a q4k layer."""
     g = torch.Generator().manual_seed(seed)

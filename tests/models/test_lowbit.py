@@ -17,9 +17,16 @@ from specserve.models.layers.lowbit import (
     kernel_isa,
 )
 from specserve.ops.cpu.build import problem
-from specserve.ops.naive.lowbit import GROUP, int4_groups, int5_groups, int6_groups, q8_blocks
+from specserve.ops.naive.lowbit import (
+    GROUP,
+    int4_groups,
+    int5_groups,
+    int6_groups,
+    lowbit_linear,
+    q8_blocks,
+)
 from tests.isa import kernel_isas
-from tests.models.lowbit_cases import case, q4k_layer, q6k_groups, record_values, reference
+from tests.models.lowbit_cases import case, q4k_layer, q6k_groups, record_values, reference, twin
 
 pytestmark = pytest.mark.skipif(problem() is not None, reason=f"low-bit kernels: {problem()}")
 
@@ -130,6 +137,31 @@ def _any_kind(cls: type) -> tuple[LowbitLinear, torch.Tensor]:
     if cls is Q6KLinear:
         return Q6KLinear.from_groups(*q6k_groups(70, 1024, seed=12), bias), x
     return cls(w, bias), x
+
+
+@pytest.mark.parametrize("cls", KINDS)
+def test_kernel_gives_the_naive_twins_bits(cls: type, isa: str) -> None:
+    # the twin's float32 steps, rounded as the kernel rounds them and in its order
+    layer, x = _any_kind(cls)
+    assert torch.equal(layer(x), twin(x, layer))
+
+
+def _parts(names: str) -> list[LowbitLinear]:
+    """Linears that read one x: GGUF files mix kinds in one q/k/v (the 0.5B's q and k Q5_0,
+    v Q8_0; the 1.5B's q and k Q4_K, v Q6_K)."""
+    if names == "q4k-q6k":
+        return [q4k_layer(64, 1024, seed=3), Q6KLinear.from_groups(*q6k_groups(70, 1024, 5), None)]
+    w, bias, _ = case(n=64, k=1024)
+    return [Q5Linear(w, bias), Q8Linear(w[:16], None), Q6Linear(w[16:], bias[16:])]
+
+
+@pytest.mark.parametrize("names", ["q5-q8-q6", "q4k-q6k"])
+def test_a_call_over_parts_of_several_kinds_gives_the_twins_bits(names: str, isa: str) -> None:
+    from specserve.models.layers.lowbit_fused import FusedLowbit
+
+    fused = FusedLowbit(_parts(names))
+    x = case(n=70, k=1024, m=11)[2]
+    assert torch.equal(fused(x), lowbit_linear(x, *fused.parts(), fused.bias))
 
 
 @pytest.mark.parametrize("cls", list(BLOCKS))
