@@ -33,9 +33,9 @@ o's 4 inputs at bytes 4o .. 4o + 3 (`_step_and_byte`). Fields in record order:
          then each block's q4 nibble arrays                                     1184 bytes
     q6k  per 256 inputs: d[8]; then each block's q6 record less its d           1680 bytes
 
-This module reads the records with those formulas (no reshape tricks), so a test of the
-fast writer against it checks the layout, and `lowbit_linear` gives the kernel's output
-from them: its own float32 bits, or in float64 the exact value it approximates. The weight
+This module reads the records with those formulas, an index per byte, so a test of the
+fast writer against it checks the layout; `lowbit_linear` gives the kernel's output from
+them: its own float32 bits, or in float64 the exact value it approximates. The weight
 quantizers here are the ones the layers use (at load only: nothing faster is needed).
 """
 
