@@ -49,7 +49,9 @@ class _Pieces:
         self.eos_token_id = min(tok.eog_ids) if tok.eog_ids else None
         self.bos_token_id = hf.bos_token_id
         self._encode = tok.encode_text
-        self._ids = {b: i for i, b in enumerate(self.tokens) if b and i not in self.special_token_ids}
+        self._ids = {
+            b: i for i, b in enumerate(self.tokens) if b and i not in self.special_token_ids
+        }
         self._longest = max(map(len, self._ids), default=1)
 
     def __call__(self, text: str) -> list[int]:
