@@ -5,7 +5,6 @@ of forced tokens is verified as one draft instead of one step a token."""
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
@@ -17,6 +16,7 @@ from specserve.engine.runner import ModelRunner
 from specserve.engine.sampling import SamplingParams
 from specserve.grammar.constraint import GrammarConstraint
 from specserve.speculative.registry import build_speculator
+from tests.speculative.test_exactness import SPECS
 from tests.tiny import CHAR_END, VOCAB, char_tokenizer, constraint
 
 CTX = 400
@@ -48,16 +48,6 @@ GRAMMARS = {
     ),
     "gbnf": ("grammar", 'root ::= ("key_" [a-z]{1,6} ": " [0-9]{1,4} ", "){10,}'),
 }
-SPECS = [
-    "ngram-simple",
-    "ngram-map-k",
-    "ngram-map-k4v",
-    "ngram-mod",
-    "ngram-cache",
-    "suffix",
-    "draft",
-    "ngram-map-k,suffix,draft",
-]
 
 
 class Watched(GrammarConstraint):
@@ -104,16 +94,6 @@ def _generate(model, spec, n_max: int, kind: str, params: SamplingParams, slots:
         engine.step()
         steps += 1
     return [r.output for r in reqs], steps
-
-
-@pytest.fixture(scope="module")
-def close_draft(target):  # noqa: ANN001, ANN201
-    draft = copy.deepcopy(target)
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.25 * p.std())
-    return draft
 
 
 GREEDY = SamplingParams(temperature=0, max_tokens=TOKENS)

@@ -20,19 +20,6 @@ N_TOKENS = 128
 CTX = 320
 
 
-@pytest.fixture(scope="module")
-def close_draft(target):  # noqa: ANN001, ANN201
-    """The target with a little noise in every weight: agrees often, not always."""
-    import copy
-
-    draft = copy.deepcopy(target)
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.25 * p.std())
-    return draft
-
-
 def _prompts() -> list[list[int]]:
     g = torch.Generator().manual_seed(0)
     out = []
