@@ -56,6 +56,10 @@ class StepOutput:
     finished: bool
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per token, if asked
     error: Exception | None = None  # the request failed (finished, with no tokens)
+    # how many of `tokens`, from the first, are accepted draft tokens, and the type of the
+    # speculator that proposed them (what clients are shown of speculation at work)
+    drafted: int = 0
+    drafted_by: str = ""
 
 
 class Engine:
@@ -209,7 +213,10 @@ class Engine:
         self.budget.update(req.slot, len(draft), result.accepted, req.spec.n_max)
         req.timings.draft_n += len(draft)
         req.timings.draft_n_accepted += result.accepted
-        return self._emit(req, result.tokens, rows)
+        out = self._emit(req, result.tokens, rows)
+        out.drafted = min(result.accepted, len(out.tokens))  # a stop may cut the draft short
+        out.drafted_by = draft.source if out.drafted else ""
+        return out
 
     def _draft(self, plan: StepPlan) -> list[Draft]:
         """One draft per decoding slot (empty where it has none or speculation is off)."""
