@@ -55,6 +55,10 @@ class StepOutput:
     finished: bool
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per token, if asked
     error: Exception | None = None  # the request failed (finished, with no tokens)
+    # how many of `tokens`, from the first, are accepted draft tokens, and the type of the
+    # speculator that proposed them (what clients are shown of speculation at work)
+    drafted: int = 0
+    drafted_by: str = ""
 
 
 class Engine:
@@ -213,8 +217,10 @@ class Engine:
             return Draft()
         forced = forced[:room]
         if tokens[: len(forced)] == forced[: len(tokens)] and len(tokens) >= len(forced):
-            return draft if len(tokens) == len(draft) else Draft(tokens, tier=draft.tier)
-        return Draft(forced)
+            if len(tokens) == len(draft):
+                return draft
+            return Draft(tokens, tier=draft.tier, source=draft.source)
+        return Draft(forced, source="grammar")  # the tokens the grammar forces
 
     def _measures_verify_cost(self, plan: StepPlan, rows: int, threads: int) -> bool:
         """Whether this forward's time is a sample of what `rows` decode rows cost.
@@ -239,7 +245,10 @@ class Engine:
         self.budget.update(req.slot, len(draft), own, req.spec.n_max)
         req.timings.draft_n += len(verified)
         req.timings.draft_n_accepted += result.accepted
-        return self._emit(req, result.tokens, rows)
+        out = self._emit(req, result.tokens, rows)
+        out.drafted = min(result.accepted, len(out.tokens))  # a stop may cut the draft short
+        out.drafted_by = verified.source if out.drafted else ""
+        return out
 
     def _draft(self, plan: StepPlan) -> list[Draft]:
         """One draft per decoding slot (empty where it has none or speculation is off): the

@@ -27,7 +27,7 @@ from specserve.errors import SpecserveError
 from specserve.grammar.constraint import GrammarConstraint, build_constraint
 from specserve.grammar.formats import CALL_START, Grammar, GrammarError
 from specserve.loading.tokenizer import Tokenizer
-from specserve.server import logprobs, streams, structured, tools
+from specserve.server import logprobs, runs, streams, structured, tools
 from specserve.server.checks import check_caps, check_prediction, sampling, unsupported
 from specserve.server.errors import ApiError
 from specserve.server.loop import EngineFailure, EngineLoop, Handle, QueueFull
@@ -111,8 +111,8 @@ class OpenAIEndpoints:
         ids = streams.Ids("chatcmpl-" + uuid.uuid4().hex, self.model_id)
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return EngineStream(handle, streams.chat(ids, _errors_as_events(run), usage))
-        got, fin = await _collect(run, handle, request)
+            return EngineStream(handle, streams.chat(ids, runs.errors_as_events(run), usage))
+        got, fin = await runs.collect(run, handle, request)
         return JSONResponse(streams.chat_completion(ids, got, fin))
 
     async def completion(self, body: CompletionRequest, request: Request) -> Response:
@@ -124,12 +124,12 @@ class OpenAIEndpoints:
         )
         if body.echo:  # the prompt's own text (decoded, for a prompt of token ids) first
             echo = body.prompt if isinstance(body.prompt, str) else self.tok.decode(prompt)
-            run = _prefixed(echo, run)
+            run = runs.prefixed(echo, run)
         ids = streams.Ids("cmpl-" + uuid.uuid4().hex, self.model_id)
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return EngineStream(handle, streams.completion(ids, _errors_as_events(run), usage))
-        got, fin = await _collect(run, handle, request)
+            return EngineStream(handle, streams.completion(ids, runs.errors_as_events(run), usage))
+        got, fin = await runs.collect(run, handle, request)
         return JSONResponse(streams.completion_object(ids, got, fin))
 
     async def response(self, body: ResponsesRequest, request: Request) -> Response:
@@ -147,8 +147,8 @@ class OpenAIEndpoints:
         handle, run = await self._start(body, prompt, limit, "max_output_tokens", tenant, grammar)
         ids = streams.Ids("resp_" + uuid.uuid4().hex, self.model_id)
         if body.stream:
-            return EngineStream(handle, streams.response_events(ids, _errors_as_events(run)))
-        got, fin = await _collect(run, handle, request)
+            return EngineStream(handle, streams.response_events(ids, runs.errors_as_events(run)))
+        got, fin = await runs.collect(run, handle, request)
         return JSONResponse(streams.response_object(ids, got, fin))
 
     def _chat_grammar(
@@ -329,7 +329,7 @@ class OpenAIEndpoints:
             handle.cancel()
             raise
         tok = self.tok if top is not None else None
-        return handle, _run(handle, TextStream(self.tok.decode, stop), tok)
+        return handle, runs.text_run(handle, TextStream(self.tok.decode, stop), tok)
 
 
 def _tenant(request: Request, body: GenerationRequest) -> str | None:
@@ -339,77 +339,6 @@ def _tenant(request: Request, body: GenerationRequest) -> str | None:
     if key is None and body.cache_salt is None:
         return None
     return f"{key or ''}|{body.cache_salt or ''}"
-
-
-async def _run(
-    handle: Handle, text: TextStream, tok: Tokenizer | None
-) -> AsyncIterator[Delta | Finish]:
-    """Text deltas (with their tokens' logprobs when `tok` is given) as the engine produces
-    them, then one Finish."""
-    prompt_n = len(handle.request.prompt)
-    async for event in handle.events():
-        delta, used = text.push_each(event.tokens)
-        if text.stopped:
-            handle.cancel()  # a stop string ended it: free the slot now
-        elif event.finished:
-            delta += text.flush()
-        items = None if tok is None else logprobs.to_openai(tok, event.logprobs[:used])
-        if delta or items:
-            yield Delta(delta, items)
-        if text.stopped or event.finished:
-            reason = "stop" if text.stopped else event.finish_reason or "stop"
-            timings = event.timings or handle.request.timings.as_dict()
-            yield Finish(reason, prompt_n, text.n_tokens, timings)
-            return
-
-
-async def _prefixed(
-    first: str, run: AsyncIterator[Delta | Finish]
-) -> AsyncIterator[Delta | Finish]:
-    if first:
-        yield Delta(first)
-    async for item in run:
-        yield item
-
-
-async def _collect(
-    run: AsyncIterator[Delta | Finish], handle: Handle, request: Request
-) -> tuple[Delta, Finish]:
-    """A whole generation's text (and logprobs); the request is cancelled if the client
-    goes away."""
-    watcher = asyncio.create_task(_cancel_on_disconnect(request, handle))
-    parts: list[Delta] = []
-    try:
-        async for item in run:
-            if isinstance(item, Finish):
-                return Delta.join(parts), item
-            parts.append(item)
-    except EngineFailure as e:
-        raise ApiError(e.status, str(e)) from e
-    finally:
-        watcher.cancel()
-        handle.cancel()  # no-op when it finished
-    raise ApiError(500, "the generation ended without a finish reason")
-
-
-async def _errors_as_events(
-    run: AsyncIterator[Delta | Finish],
-) -> AsyncIterator[Delta | Finish | Exception]:
-    """Once a stream has started, an engine failure can only be reported inside it."""
-    try:
-        async for item in run:
-            yield item
-    except EngineFailure as e:
-        yield e
-
-
-async def _cancel_on_disconnect(request: Request, handle: Handle) -> None:
-    # a non-streaming client that hangs up is noticed only by polling (no send fails)
-    while not handle.finished:
-        if await request.is_disconnected():
-            handle.cancel()
-            return
-        await asyncio.sleep(0.25)
 
 
 def _turn(message: ChatMessage) -> dict[str, Any]:

@@ -316,6 +316,15 @@ class ChatChunkChoice(BaseModel):
     logprobs: ChoiceLogprobs | None = None
 
 
+class ChunkSpeculation(BaseModel):
+    """Our extension on each streamed chunk of generated text: the tokens behind it, how
+    many of them were accepted draft tokens, and the speculator type that proposed those."""
+
+    tokens: int
+    drafted: int = 0
+    type: str | None = None
+
+
 class ChatCompletionChunk(BaseModel):
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
@@ -324,6 +333,7 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     timings: dict[str, float | int] | None = None
+    speculative: ChunkSpeculation | None = None
 
 
 class CompletionChoice(BaseModel):
@@ -343,6 +353,7 @@ class Completion(BaseModel):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     timings: dict[str, float | int] | None = None
+    speculative: ChunkSpeculation | None = None  # streamed chunks only
 
 
 class OutputText(BaseModel):

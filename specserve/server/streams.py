@@ -7,7 +7,8 @@ APIError).
 
 Chat and legacy completions stream `data: {chunk}` lines and end with `data: [DONE]`;
 the Responses API streams typed events (`event: response.output_text.delta`, ...) and,
-as OpenAI's does, no [DONE]. The final chunk or event carries llama.cpp's `timings`.
+as OpenAI's does, no [DONE]. The final chunk or event carries llama.cpp's `timings`, and
+each chunk of generated text our `speculative` extension (protocol.ChunkSpeculation).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from specserve.server.protocol import (
     ChatCompletionChunk,
     ChatDelta,
     ChoiceLogprobs,
+    ChunkSpeculation,
     Completion,
     CompletionChoice,
     ErrorDetail,
@@ -47,12 +49,14 @@ from specserve.server.protocol import (
 
 @dataclass
 class Delta:
-    """New text, the logprobs of the tokens behind it (None: the request asked none), and
-    the tool calls that it completed (taken out of the text)."""
+    """New text, the logprobs of the tokens behind it (None: the request asked none), the
+    tool calls that it completed (taken out of the text), and how many tokens are behind
+    it and how many of those were accepted drafts (None: text not generated here)."""
 
     text: str
     logprobs: list[TokenLogprobs] | None = None
     calls: list[ToolCall] = field(default_factory=list)  # tool calls completed here
+    origin: ChunkSpeculation | None = None
 
     @classmethod
     def join(cls, parts: list[Delta]) -> Delta:
@@ -155,7 +159,8 @@ async def chat(ids: Ids, run: Run, include_usage: bool) -> AsyncIterator[str]:
             n_calls += len(calls)
             text = item.text if item.text or not calls else None
             delta = ChatDelta(content=text, tool_calls=calls or None)
-            yield chunk([ChatChunkChoice(delta=delta, logprobs=_chat_logprobs(item.logprobs))])
+            choice = ChatChunkChoice(delta=delta, logprobs=_chat_logprobs(item.logprobs))
+            yield chunk([choice], speculative=item.origin)
             continue
         last = ChatChunkChoice(delta=ChatDelta(), finish_reason=item.reason)
         yield chunk([last], timings=item.timings)
@@ -193,7 +198,7 @@ async def completion(ids: Ids, run: Run, include_usage: bool) -> AsyncIterator[s
         if isinstance(item, Delta):
             lp = None if item.logprobs is None else legacy(item.logprobs, offset)
             offset += sum(len(t) for t in lp.tokens) if lp else 0
-            yield chunk([CompletionChoice(text=item.text, logprobs=lp)])
+            yield chunk([CompletionChoice(text=item.text, logprobs=lp)], speculative=item.origin)
             continue
         yield chunk([CompletionChoice(text="", finish_reason=item.reason)], timings=item.timings)
         if include_usage:
@@ -275,7 +280,8 @@ async def response_events(ids: Ids, run: Run) -> AsyncIterator[str]:
         if isinstance(got, Delta):
             parts.append(got)
             lp = _dumped(got.logprobs)
-            yield event("response.output_text.delta", **where, delta=got.text, logprobs=lp)
+            extra = {"speculative": got.origin.model_dump()} if got.origin else {}
+            yield event("response.output_text.delta", **where, delta=got.text, logprobs=lp, **extra)
             continue
         whole = Delta.join(parts)
         final = response_object(ids, whole, got)

@@ -74,11 +74,14 @@ class Draft:
     probs: [k, V] draft probabilities q(x | prefix) for each proposed position, or None.
     tier: the drafter's confidence class for this draft (suffix: how long a suffix of the
         context it matched); acceptance is learnt per tier (speculative/rates.py).
+    source: the type of the speculator that proposed it (a chain passes its child's on), so
+        the server can tell clients whose tokens were kept.
     """
 
     tokens: list[int] = field(default_factory=list)
     probs: torch.Tensor | None = None
     tier: int = 0
+    source: str = ""
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -190,7 +193,8 @@ class Speculator:
         for req in requests:  # the token after each slot's last draft is known now
             self.rates.settle(req.slot, req.tokens)
         asked = [r for r in map(self._ask, requests) if r is not None]
-        made = dict(zip((r.slot for r in asked), self._draft(asked) if asked else [], strict=True))
+        drafts = [self._named(d) for d in (self._draft(asked) if asked else [])]
+        made = dict(zip((r.slot for r in asked), drafts, strict=True))
         self.stats.draft_seconds += time.perf_counter() - t0
         out = []
         for req in requests:
@@ -207,6 +211,10 @@ class Speculator:
             self.stats.empty_drafts += int(not d)
             out.append(d)
         return out
+
+    def _named(self, d: Draft) -> Draft:
+        """The draft with its proposer's type: a chain's drafts keep their child's."""
+        return d if d.source else replace(d, source=self.name)
 
     def _ask(self, req: DraftRequest) -> DraftRequest | None:
         """The request as this drafter gets it, or None if it is not asked: its types must
@@ -268,4 +276,4 @@ def _clip(d: Draft, n_max: int) -> Draft:
     if len(d) <= n_max:
         return d
     probs = d.probs[:n_max] if d.probs is not None else None
-    return Draft(list(d.tokens[:n_max]), probs, d.tier)
+    return Draft(list(d.tokens[:n_max]), probs, d.tier, d.source)
