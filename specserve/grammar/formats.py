@@ -76,10 +76,21 @@ def compile_grammar(grammar: Grammar, vocab: llguidance.LLTokenizer) -> str:
     return text
 
 
-def call_schema(tool: dict[str, Any]) -> dict[str, Any]:
-    """One tool's call as the model writes it: {"name": <its name>, "arguments": {...}}."""
+# where a schema keeps the definitions that its "$ref"s point at from its root
+_DEFS = ("$defs", "definitions")
+
+
+def call_schema(tool: dict[str, Any], defs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One tool's call as the model writes it: {"name": <its name>, "arguments": {...}}.
+    The parameters' definitions move into `defs`, for the root of the calls' schema: their
+    "$ref"s point from the root of the document, where the parameters no longer are
+    (pydantic writes nested models so)."""
     function = tool["function"]
-    arguments = function.get("parameters") or {"type": "object"}
+    arguments = dict(function.get("parameters") or {"type": "object"})
+    for key in _DEFS:
+        for name, schema in (arguments.pop(key, None) or {}).items():
+            if defs[key].setdefault(name, schema) != schema:
+                raise GrammarError(f"tools: two tools define {key}/{name} differently")
     return {
         "type": "object",
         "properties": {"name": {"const": function["name"]}, "arguments": arguments},
@@ -100,7 +111,9 @@ def tool_calls(
     answers (free text may not open with `{`: two readings of one brace would leave the
     call unconstrained). tags_are_tokens: the vocabulary spells the tags as special tokens
     (Qwen's), which free text never produces."""
-    one_of = json.dumps({"anyOf": [call_schema(t) for t in tools], "x-guidance": JSON_LAYOUT})
+    defs: dict[str, dict[str, Any]] = {key: {} for key in _DEFS}
+    calls_schema = {"anyOf": [call_schema(t, defs) for t in tools], "x-guidance": JSON_LAYOUT}
+    one_of = json.dumps(calls_schema | {k: v for k, v in defs.items() if v})
     # the Hermes layout, tags on lines of their own; a vocabulary without tag tokens writes
     # the tags as text, run on (a character-level one may spell no line break)
     if tags_are_tokens:

@@ -268,10 +268,26 @@ class ToolCall(BaseModel):
     function: FunctionCall
 
 
-class ToolCallDelta(ToolCall):
-    """A call in a stream chunk (sent whole; `index` counts the response's calls)."""
+class FunctionDelta(BaseModel):
+    name: str | None = None  # in a call's first delta only
+    arguments: str = ""  # a fragment of the JSON text
+
+
+class ToolCallDelta(BaseModel):
+    """A piece of a call in a stream chunk, as OpenAI streams them: the first carries `id`,
+    `type` and the name, the later ones fragments of the arguments; `index` counts the
+    response's calls."""
 
     index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        body = {k: v for k, v in handler(self).items() if v is not None}
+        body["function"] = {k: v for k, v in body["function"].items() if v is not None}
+        return body
 
 
 class AssistantMessage(BaseModel):

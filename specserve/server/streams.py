@@ -50,12 +50,14 @@ from specserve.server.protocol import (
 @dataclass
 class Delta:
     """New text, the logprobs of the tokens behind it (None: the request asked none), the
-    tool calls that it completed (taken out of the text), and how many tokens are behind
-    it and how many of those were accepted drafts (None: text not generated here)."""
+    tool calls that it completed (taken out of the text), the pieces of calls that a
+    stream sends as they come, and how many tokens are behind it and how many of those
+    were accepted drafts (None: text not generated here)."""
 
     text: str
     logprobs: list[TokenLogprobs] | None = None
     calls: list[ToolCall] = field(default_factory=list)  # tool calls completed here
+    parts: list[ToolCallDelta] = field(default_factory=list)  # calls begun or grown here
     origin: ChunkSpeculation | None = None
 
     @classmethod
@@ -146,19 +148,13 @@ async def chat(ids: Ids, run: Run, include_usage: bool) -> AsyncIterator[str]:
         return _data(body)
 
     yield chunk([ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))])
-    n_calls = 0
     async for item in run:
         if isinstance(item, Exception):
             yield _error(item)
             return
         if isinstance(item, Delta):
-            calls = [
-                ToolCallDelta(index=n, **c.model_dump())
-                for n, c in enumerate(item.calls, start=n_calls)
-            ]
-            n_calls += len(calls)
-            text = item.text if item.text or not calls else None
-            delta = ChatDelta(content=text, tool_calls=calls or None)
+            text = item.text if item.text or not item.parts else None
+            delta = ChatDelta(content=text, tool_calls=item.parts or None)
             choice = ChatChunkChoice(delta=delta, logprobs=_chat_logprobs(item.logprobs))
             yield chunk([choice], speculative=item.origin)
             continue

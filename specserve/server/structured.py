@@ -9,9 +9,9 @@ request may ask for one; two are refused, as is a tool-call constraint beside on
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from specserve.grammar.formats import Grammar, Kind, tool_calls
+from specserve.grammar.formats import Grammar, GrammarError, Kind, tool_calls
 from specserve.server.errors import ApiError
 from specserve.server.protocol import ChatCompletionRequest, GenerationRequest, ResponsesRequest
 
@@ -100,7 +100,15 @@ def tool_grammar(
                 f"<one of the offered tools>}}}}, got {choice!r}",
                 param="tool_choice",
             )
-        return tool_calls(named, "required", False, tags_are_tokens)
-    if choice == "required":
-        return tool_calls(offered, "required", parallel is not False, tags_are_tokens)
-    return tool_calls(offered, "auto", parallel is not False, tags_are_tokens)
+        return _tool_calls(named, "required", False, tags_are_tokens)
+    mode: Literal["required", "auto"] = "required" if choice == "required" else "auto"
+    return _tool_calls(offered, mode, parallel is not False, tags_are_tokens)
+
+
+def _tool_calls(
+    tools: list[Any], mode: Literal["required", "auto"], parallel: bool, tags: bool
+) -> Grammar:
+    try:
+        return tool_calls(tools, mode, parallel, tags)
+    except GrammarError as e:
+        raise ApiError(400, str(e), param="tools") from e

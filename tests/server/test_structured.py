@@ -176,3 +176,37 @@ def test_forced_tool_choice_gives_a_valid_call(tooled: LiveServer, tool_choice) 
         call.function.name,
         call.function.arguments,
     )
+
+
+def test_tool_parameters_with_defs_refs_compile_and_bind(tooled: LiveServer) -> None:  # noqa: F811
+    """pydantic writes a nested model as a "$ref" to the parameters' own "$defs": they
+    point from the document's root, so the calls' grammar must keep them reachable."""
+    place = {"type": "object", "properties": {"city": {"enum": ["Oslo"]}}, "required": ["city"]}
+    params = {
+        "type": "object",
+        "properties": {"to": {"$ref": "#/$defs/Place"}},
+        "required": ["to"],
+        "additionalProperties": False,
+        "$defs": {"Place": {**place, "additionalProperties": False}},
+    }
+    trip = {"type": "function", "function": {"name": "trip", "parameters": params}}
+    got = client(tooled).chat.completions.create(
+        model=MODEL_ID,
+        messages=ASK,
+        tools=[trip, CLOCK],
+        tool_choice={"type": "function", "function": {"name": "trip"}},
+        max_tokens=120,
+        temperature=0,
+    )
+    (call,) = got.choices[0].message.tool_calls or []
+    assert json.loads(call.function.arguments) == {"to": {"city": "Oslo"}}
+    clash = {
+        **trip,
+        "function": {"name": "other", "parameters": {**params, "$defs": {"Place": place}}},
+    }
+    bad = httpx2.post(
+        tooled.url + "/v1/chat/completions",
+        json={"messages": ASK, "tools": [trip, clash], "tool_choice": "required"},
+        timeout=30,
+    )
+    assert bad.status_code == 400 and "$defs/Place" in bad.json()["error"]["message"], bad.text

@@ -198,22 +198,26 @@ def test_streamed_calls_are_chunks_with_an_index_and_the_reply_is_null_content()
     from specserve.server import streams
 
     ids = streams.Ids("chatcmpl-x", MODEL_ID)
-    text, calls = split(f"<tool_call>{CALL}</tool_call><tool_call>{CALL}</tool_call>", NAMES)
-    fin = Finish("tool_calls", 1, 2, {})
+    handle = _Replies([f"<tool_call>{CALL}</tool_call>", f"<tool_call>{CALL}</tool_call>"])
 
-    async def run() -> AsyncIterator[Delta | Finish]:
-        yield Delta(text, None, calls[:1])
-        yield Delta("", None, calls[1:])
-        yield fin
+    async def run() -> list:
+        return [x async for x in with_calls(handle.run(), NAMES)]
+
+    items = asyncio.run(run())
+    *deltas, fin = items
 
     async def sse() -> list[str]:
-        return [line async for line in streams.chat(ids, run(), include_usage=False)]
+        async def again() -> AsyncIterator[Delta | Finish]:
+            for item in items:
+                yield item
+
+        return [line async for line in streams.chat(ids, again(), include_usage=False)]
 
     chunks = [json.loads(c[len("data: ") :]) for c in asyncio.run(sse()) if "[DONE]" not in c]
     sent = [d for c in chunks for d in c["choices"][0]["delta"].get("tool_calls", [])]
-    assert [(d["index"], d["id"], d["function"]["name"]) for d in sent] == [
-        (n, c.id, "get_weather") for n, c in enumerate(calls)
-    ]
+    calls = [c for d in deltas for c in d.calls]
+    starts = [(d["index"], d["id"], d["function"]["name"]) for d in sent if "id" in d]
+    assert starts == [(n, c.id, "get_weather") for n, c in enumerate(calls)]
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
-    whole = streams.chat_completion(ids, Delta(text, None, calls), fin)["choices"][0]
+    whole = streams.chat_completion(ids, Delta.join(deltas), fin)["choices"][0]
     assert whole["message"]["content"] is None and len(whole["message"]["tool_calls"]) == 2
