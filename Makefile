@@ -11,7 +11,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 ARGS ?=
 
-.PHONY: setup setup-browser test test-all lint format serve models clean llama-bench
+.PHONY: setup setup-agents setup-browser test test-all lint format serve models clean llama-bench
 
 setup: $(STAMP)
 
@@ -29,6 +29,13 @@ models: setup
 # the server make's own child, so SIGTERM to make (which make passes on) reaches it and it drains
 serve: setup models
 	exec $(BIN)/specserve serve --host $(HOST) --port $(PORT) $(ARGS)
+
+# instructor, for tests/real/test_agents_real.py (its own extra: it pins jiter below openai's);
+# installed without its pins, which it runs with
+setup-agents: setup
+	$(BIN)/python -m pip install -q --disable-pip-version-check aiohttp docstring-parser \
+		tenacity regex requests rich typer
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps 'instructor>=1.17,<2'
 
 # Debian's chromium and its chromedriver, for the chat page's browser tests
 # (tests/server/test_webui_browser.py); apt runs only when one of them is missing
