@@ -58,6 +58,11 @@ class Samples:
         self._pending: dict[int, list[Request]] = {}  # first sample's id -> its siblings
         self.late: deque[tuple[Request, PromptCopy]] = deque()  # prefilled, no slot yet
 
+    @property
+    def waiting(self) -> int:
+        """Siblings not yet started (they wait for a slot as queued requests do)."""
+        return sum(map(len, self._pending.values())) + len(self.late)
+
     def add(self, first: Request, siblings: list[Request]) -> None:
         if siblings:
             self._pending[first.id] = list(siblings)

@@ -2,7 +2,9 @@
 
 Requests accept (and ignore) fields we do not model, as OpenAI clients send many
 (`user`, `metadata`, ...); fields we do model are type-checked, and a wrong type is a 400.
-Fields that would change the output but are not implemented (`response_format`
+`n` samples several choices of one prompt, prefilled once (engine/samples.py); choice i
+of a request with `seed` s uses seed s + i, so choice 0 is what the request with n = 1
+gives. Fields that would change the output but are not implemented (`response_format`
 `json_schema`, `tools` outside chat or with a forced `tool_choice`, `best_of`, `suffix`) are
 modelled only to be refused with a 400 that names them: ignoring them would return text
 the client did not ask for. `response_format` `json_object` is JSON mode (constrained
@@ -124,6 +126,11 @@ class GenerationRequest(BaseModel):
         """The reply's format: "text", or "json_object" for JSON mode (or what else the
         body asks for, to be refused)."""
         return "text" if self.response_format is None else self.response_format.type
+
+    @property
+    def choices(self) -> int:
+        """How many choices to sample (OpenAI's n; choice i with seed s uses seed s + i)."""
+        return 1 if self.n is None else self.n
 
     @property
     def stop_strings(self) -> list[str]:

@@ -187,7 +187,7 @@ class _Replies:
 
 def test_streamed_calls_are_chunks_with_an_index_and_the_reply_is_null_content() -> None:
     """The SSE chunks and the whole response a reply with two calls becomes."""
-    from specserve.server import streams
+    from specserve.server import choices, streams
 
     ids = streams.Ids("chatcmpl-x", MODEL_ID)
     text, calls = split(f"<tool_call>{CALL}</tool_call><tool_call>{CALL}</tool_call>", NAMES)
@@ -199,7 +199,8 @@ def test_streamed_calls_are_chunks_with_an_index_and_the_reply_is_null_content()
         yield fin
 
     async def sse() -> list[str]:
-        return [line async for line in streams.chat(ids, run(), include_usage=False)]
+        runs = choices.merged([run()])
+        return [line async for line in streams.chat(ids, runs, 1, include_usage=False)]
 
     chunks = [json.loads(c[len("data: ") :]) for c in asyncio.run(sse()) if "[DONE]" not in c]
     sent = [d for c in chunks for d in c["choices"][0]["delta"].get("tool_calls", [])]
@@ -207,5 +208,5 @@ def test_streamed_calls_are_chunks_with_an_index_and_the_reply_is_null_content()
         (n, c.id, "get_weather") for n, c in enumerate(calls)
     ]
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
-    whole = streams.chat_completion(ids, Delta(text, None, calls), fin)["choices"][0]
+    whole = streams.chat_completion(ids, [(Delta(text, None, calls), fin)])["choices"][0]
     assert whole["message"]["content"] is None and len(whole["message"]["tool_calls"]) == 2
