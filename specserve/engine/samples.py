@@ -10,8 +10,8 @@ as usual. Siblings that find no free slot get a saved copy of that memory and th
 Such copies are few: waiting siblings take freed slots before any queued request, so
 while one waits no new request starts, and at most one copy per slot exists.
 
-Each sample is reported as having found its whole prompt in the cache (`timings.cache_n`),
-so the prompt is counted as prefilled once. If the first sample ends before its prefill
+Each sibling reports its whole prompt as found in the cache (`timings.cache_n`), so the
+prompt is counted as prefilled once. If the first sample ends before its prefill
 completes (aborted, failed), the next sibling prefills the prompt for the others.
 
 The samples differ only by their seeds, which the caller gives them (the server: seed
