@@ -11,7 +11,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 ARGS ?=
 
-.PHONY: setup test test-all lint format serve models clean llama-bench
+.PHONY: setup setup-browser test test-all lint format serve models clean llama-bench
 
 setup: $(STAMP)
 
@@ -30,8 +30,19 @@ models: setup
 serve: setup models
 	exec $(BIN)/specserve serve --host $(HOST) --port $(PORT) $(ARGS)
 
+# Debian's chromium and its chromedriver, for the chat page's browser tests
+# (tests/server/test_webui_browser.py); apt runs only when one of them is missing
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+setup-browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then \
+		echo "setup-browser: $$(command -v chromium), $$(command -v chromedriver)"; \
+	else \
+		$(SUDO) apt-get update && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y \
+			chromium chromium-driver; \
+	fi
+
 # the default suite: tiny models everywhere, plus the smoke subset of real-model tests
-test: setup models lint
+test: setup setup-browser models lint
 	$(BIN)/python -m pytest -q -m "not slow or smoke"
 
 # everything, real-model tests included (pulls what they need)

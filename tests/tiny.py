@@ -74,13 +74,30 @@ def write_hf_folder(arch: str, folder: Path, seed: int = 0) -> torch.nn.Module:
 CHAR_END = 1  # write_tokenizer's <|endoftext|>
 
 
-def json_mode():  # noqa: ANN201 (a JsonConstraint)
-    """JSON mode over the char tokenizer's ids: 32..126 spell their ASCII character, the
-    others nothing (never allowed); CHAR_END ends the reply."""
-    from specserve.engine.constrain import JsonConstraint
+def char_tokenizer():  # noqa: ANN201 (a Tokenizer)
+    """write_tokenizer's tokenizer, loaded (once per process)."""
+    import tempfile
 
-    table = [bytes([i]) if 32 <= i < 127 else b"" for i in range(VOCAB)]
-    return JsonConstraint(table, frozenset({CHAR_END}))
+    from specserve.loading.tokenizer import load_tokenizer
+
+    global _CHAR_TOKENIZER
+    if _CHAR_TOKENIZER is None:
+        folder = Path(tempfile.mkdtemp(prefix="char-tokenizer-"))
+        write_tokenizer(folder)
+        _CHAR_TOKENIZER = load_tokenizer(folder)
+    return _CHAR_TOKENIZER
+
+
+_CHAR_TOKENIZER = None
+
+
+def constraint(kind: str = "json_object", source: object = None):  # noqa: ANN201
+    """A GrammarConstraint over the char tokenizer's ids (32..126 spell their ASCII
+    character; CHAR_END ends the reply)."""
+    from specserve.grammar.constraint import build_constraint
+    from specserve.grammar.formats import Grammar
+
+    return build_constraint(char_tokenizer(), VOCAB, Grammar(kind, source))  # type: ignore[arg-type]
 
 
 def write_tokenizer(folder: Path) -> None:

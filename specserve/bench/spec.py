@@ -14,7 +14,10 @@ Workloads (chat template, greedy):
   edited answer would send it. Only configurations with the `prediction` drafter use it.
 - prose: "Write a short story about a lighthouse keeper." Little to copy.
 - json: a table of sorting algorithms asked for in JSON mode (`response_format`
-  json_object: constrained decoding, engine/constrain.py); keys repeat in every entry.
+  json_object: constrained decoding, grammar/); keys repeat in every entry.
+- json-schema: the same ask held to a JSON schema (SORTS): its keys, separators and enum
+  values are forced tokens, which the `forced` configuration drafts and nothing else;
+  json-free asks the same without a grammar, the unconstrained reference.
 
 Every configuration (`--spec-types`) runs on every model and workload, plus `none`, which
 is the reference: `speedup` is tok/s over the same model's `none` on the same workload, and
@@ -51,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 from specserve.bench.report import Column, format_table, write_json
 from specserve.errors import SpecserveError
+from specserve.grammar.formats import Grammar
 from specserve.models.layers.quant import WEIGHT_MODES
 
 if TYPE_CHECKING:
@@ -76,7 +80,37 @@ WORKLOADS = (
     *(f"predicted-{k}" for k in LANGS),
     "prose",
     "json",
+    "json-schema",
+    "json-free",
 )
+# a schema-heavy reply: most of its tokens are keys, separators and enum values
+SORTS = {
+    "type": "object",
+    "properties": {
+        "algorithms": {
+            "type": "array",
+            "minItems": 6,
+            "maxItems": 6,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 24},
+                    "average_time_complexity": {"enum": ["O(n log n)", "O(n^2)", "O(n)", "O(nk)"]},
+                    "worst_time_complexity": {"enum": ["O(n log n)", "O(n^2)", "O(n)", "O(nk)"]},
+                    "memory": {"enum": ["O(1)", "O(log n)", "O(n)", "O(n + k)"]},
+                    "stable": {"type": "boolean"},
+                },
+                "required": [
+                    "name", "average_time_complexity", "worst_time_complexity", "memory", "stable"
+                ],
+                "additionalProperties": False,
+            },
+        }
+    },
+    "required": ["algorithms"],
+    "additionalProperties": False,
+}  # fmt: skip
+GRAMMARS = {"json": Grammar("json_object", None), "json-schema": Grammar("json_schema", SORTS)}
 CONFIGS = (
     "ngram-simple",
     "ngram-map-k",
@@ -90,6 +124,8 @@ CONFIGS = (
     "ngram-map-k,suffix,draft",
 )
 NONE = "none"
+# no speculator: only the tokens a grammar forces are drafted
+FORCED = "forced"
 COLUMNS = (
     Column("model", "model"),
     Column("workload", "workload"),
@@ -117,8 +153,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
         nargs="+",
         default=list(CONFIGS),
         metavar="CONFIG",
-        help="configurations: a speculator type or a comma-separated chain; `none` (no "
-        "speculation) always runs first as the reference",
+        help="configurations: a speculator type or a comma-separated chain, or `forced` (no "
+        "speculator: only the tokens a grammar forces are drafted); `none` (no speculation) "
+        "always runs first as the reference",
     )
     p.add_argument("--draft-model", default="qwen2.5-coder-0.5b", help="for `draft` configs")
     p.add_argument("--draft-max", type=int, default=16, help="most draft tokens per step")
@@ -167,7 +204,6 @@ class Session:
         self.args = args
         self.loaded: dict[str, LoadedModel] = {}
         self.plain: dict[tuple[str, str], Run] = {}  # (model, workload) -> no-spec run
-        self.tables: dict[str, list[bytes]] = {}  # model -> token bytes, for JSON mode
 
     def load(self, name: str) -> LoadedModel:
         from specserve.loading.model import load_model
@@ -186,7 +222,7 @@ class Session:
     def prompt(self, model: str, workload: str) -> list[int]:
         """The workload's prompt ids; a rewrite quotes the model's own turn-1 answer."""
         tok = self.tokenizer(model)
-        if workload in ("prose", "json"):
+        if workload in ("prose", "json", "json-schema", "json-free"):
             ask = PROSE if workload == "prose" else JSON_ASK
             return list(tok.chat([{"role": "user", "content": ask}]))
         kind, lang = workload.split("-")
@@ -215,11 +251,6 @@ class Session:
             text = text.replace(old, new)
         return tok.encode_text(text)
 
-    def token_table(self, model: str) -> list[bytes]:
-        if model not in self.tables:
-            self.tables[model] = self.tokenizer(model).token_table(self.load(model).cfg.vocab_size)
-        return self.tables[model]
-
     def tokenizer(self, model: str) -> Tokenizer:
         tok = self.load(model).tokenizer
         if tok is None:
@@ -230,7 +261,7 @@ class Session:
         key = (model, workload)
         if key not in self.plain:
             prompt = self.prompt(model, workload)
-            self.plain[key] = self.generate(model, NONE, prompt, json_mode=workload == "json")
+            self.plain[key] = self.generate(model, NONE, prompt, grammar=GRAMMARS.get(workload))
         return self.plain[key]
 
     def generate(
@@ -240,17 +271,17 @@ class Session:
         prompt: list[int],
         max_tokens: int | None = None,
         prediction: list[int] | None = None,
-        json_mode: bool = False,
+        grammar: Grammar | None = None,
     ) -> Run:
         """Greedy generation with a fresh engine over the already loaded weights."""
-        from specserve.engine.constrain import JsonConstraint
         from specserve.engine.request import Request, SpecParams
         from specserve.engine.sampling import SamplingParams
         from specserve.engine.setup import EngineSettings, build_engine
+        from specserve.grammar.constraint import build_constraint
 
         a = self.args
         n = max_tokens or a.max_tokens
-        types = () if config == NONE else tuple(config.split(","))
+        types = () if config in (NONE, FORCED) else tuple(config.split(","))
         settings = EngineSettings(
             model=model,
             dtype=a.dtype,
@@ -262,12 +293,12 @@ class Session:
         draft = self.load(a.draft_model) if "draft" in types else None
         engine, _ = build_engine(settings, target=self.load(model), draft=draft)
         params = SamplingParams(temperature=0.0, max_tokens=n)
-        spec = SpecParams(n_max=a.draft_max if types else 0)
+        spec = SpecParams(n_max=a.draft_max if types or config == FORCED else 0)
         tok = self.tokenizer(model)
         req = Request(prompt, params, spec, stop_ids=tok.eog_ids)
         req.prediction = prediction or []
-        if json_mode:
-            req.constraint = JsonConstraint(self.token_table(model), tok.eog_ids)
+        if grammar is not None:
+            req.constraint = build_constraint(tok, self.load(model).cfg.vocab_size, grammar)
         t0 = time.perf_counter()
         engine.generate([req])
         seconds = time.perf_counter() - t0
@@ -361,13 +392,15 @@ def main(args: argparse.Namespace) -> None:
                             config,
                             prompt,
                             prediction=predicted,
-                            json_mode=workload == "json",
+                            grammar=GRAMMARS.get(workload),
                         )
                         if fresh
                         else ref
                     )
                     runs[config].append(run)
                     print(progress_line(model, workload, config, runs[config][-1]), flush=True)
+            if workload in GRAMMARS:
+                print(compile_line(session, model, GRAMMARS[workload]), flush=True)
             ref_tok_s = statistics.median(run.tok_s for run in runs[NONE])
             for config in configs:
                 rows.append(make_row(model, workload, config, runs[config], ref, ref_tok_s))
@@ -376,6 +409,20 @@ def main(args: argparse.Namespace) -> None:
     print(format_table(rows, COLUMNS))
     if args.out:
         write_outputs(rows, args.out, args)
+
+
+def compile_line(session: Session, model: str, grammar: Grammar) -> str:
+    """How long a request's grammar takes to compile (the vocabulary's view, built once
+    per model, is not in it)."""
+    from specserve.grammar.constraint import build_constraint
+
+    tok, vocab = session.tokenizer(model), session.load(model).cfg.vocab_size
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        build_constraint(tok, vocab, grammar)
+        times.append(time.perf_counter() - t0)
+    return f"[{model}] {grammar.kind} grammar compiles in {statistics.median(times) * 1e3:.2f} ms"
 
 
 def progress_line(model: str, workload: str, config: str, run: Run) -> str:

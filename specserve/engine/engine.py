@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 
 import torch
 
-from specserve.engine.constrain import verify_constrained
 from specserve.engine.logprobs import TokenLogprob, token_logprobs
 from specserve.engine.prompt_cache import PromptCache
 from specserve.engine.request import Request, Status
@@ -31,10 +30,10 @@ from specserve.engine.sampling import (
 from specserve.engine.scheduler import Scheduler, StepPlan
 from specserve.engine.threads import ThreadTuner
 from specserve.errors import SpecserveError
-from specserve.speculative.adaptive import DraftBudget
 from specserve.speculative.base import Draft, DraftRequest, Speculator
 from specserve.speculative.cost import ForwardCost
-from specserve.speculative.verify import VerifyResult, verify_greedy, verify_slot
+from specserve.speculative.draft_length import DraftBudget
+from specserve.speculative.verify import VerifyResult, verify
 
 log = logging.getLogger("specserve.engine")
 T = TypeVar("T")
@@ -57,6 +56,10 @@ class StepOutput:
     finished: bool
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per token, if asked
     error: Exception | None = None  # the request failed (finished, with no tokens)
+    # how many of `tokens`, from the first, are accepted draft tokens, and the type of the
+    # speculator that proposed them (what clients are shown of speculation at work)
+    drafted: int = 0
+    drafted_by: str = ""
 
 
 class Engine:
@@ -81,7 +84,7 @@ class Engine:
         self.cost = cost if cost is not None else ForwardCost(measure=False)
         # thread count per forward by measured speed (None: leave torch's setting alone)
         self.threads = threads
-        self.budget = DraftBudget()
+        self.budget = DraftBudget(self.cost)  # each slot's draft limit, with the cost
         # the mtp speculator needs the target's hidden state at every prompt position, and a
         # reused prefix has none: no prompt cache with it
         self.prompts = PromptCache(runner.memory, enabled=prompt_cache and not runner.record_hidden)
@@ -144,15 +147,16 @@ class Engine:
         if not plan:
             return out
         drafts = self._draft(plan)
+        verified = self._under_grammar(plan.decode, drafts)
         try:
-            logits = self._forward(plan, drafts)
+            logits = self._forward(plan, verified)
         except Exception as e:
             return out + self._recompute_or_fail(plan.requests, e)
         n_pre = len(plan.prefill)
         out += self._after_prefills(plan, logits[:n_pre])
-        results = self._verify(plan.decode, drafts, logits[n_pre:])
+        results = self._verify(plan.decode, verified, logits[n_pre:])
         self._commit(plan.decode, results)
-        return out + self._feed_back(plan.decode, drafts, results, logits[n_pre:])
+        return out + self._feed_back(plan.decode, drafts, verified, results, logits[n_pre:])
 
     def _forward(self, plan: StepPlan, drafts: list[Draft]) -> list[torch.Tensor]:
         """One forward over the plan's prompt chunks and [last, d1..dk] of each decoding
@@ -210,13 +214,42 @@ class Engine:
         self,
         decoding: list[Request],
         drafts: list[Draft],
+        verified: list[Draft],
         results: list[VerifyResult | StepOutput],
         logits: list[torch.Tensor],
     ) -> list[StepOutput]:
         return [
-            v if isinstance(v, StepOutput) else self._isolated(req, self._accept, req, d, v, lg)
-            for req, d, v, lg in zip(decoding, drafts, results, logits, strict=True)
+            v if isinstance(v, StepOutput) else self._isolated(req, self._accept, req, d, vd, v, lg)
+            for req, d, vd, v, lg in zip(decoding, drafts, verified, results, logits, strict=True)
         ]
+
+    def _under_grammar(self, decoding: list[Request], drafts: list[Draft]) -> list[Draft]:
+        """The drafts to verify: a constrained slot's draft cut before the first token its
+        grammar forbids, or, where its grammar forces the next tokens and the draft does not
+        begin with them, those tokens (exact: they are verified like any draft)."""
+        return [
+            d if r.constraint is None else self._grammar_draft(r, d)
+            for r, d in zip(decoding, drafts, strict=True)
+        ]
+
+    def _grammar_draft(self, req: Request, draft: Draft) -> Draft:
+        constraint = req.constraint
+        assert constraint is not None
+        try:
+            forced = constraint.forced()
+            tokens = draft.tokens[: constraint.valid_prefix(draft.tokens)]
+        except Exception:
+            log.exception("request %d: no grammar draft this step", req.id)
+            return Draft()  # drafts never change the output: a failure here costs only them
+        room = min(req.spec.n_max, self.runner.memory.max_len - len(req.context))
+        if room <= 0:
+            return Draft()
+        forced = forced[:room]
+        if tokens[: len(forced)] == forced[: len(tokens)] and len(tokens) >= len(forced):
+            if len(tokens) == len(draft):
+                return draft
+            return Draft(tokens, tier=draft.tier, source=draft.source)
+        return Draft(forced, source="grammar")  # the tokens the grammar forces
 
     def _measures_verify_cost(self, plan: StepPlan, rows: int, threads: int) -> bool:
         """Whether this forward's time is a sample of what `rows` decode rows cost.
@@ -229,49 +262,50 @@ class Engine:
         return not self.threads or threads == self.threads.best(rows)
 
     def _accept(
-        self, req: Request, draft: Draft, result: VerifyResult, rows: torch.Tensor
+        self, req: Request, draft: Draft, verified: Draft, result: VerifyResult, rows: torch.Tensor
     ) -> StepOutput:
         """Feed the verification back (speculator, draft budget, statistics), then emit
-        (rows: the slot's raw logits, row i the one that decided result.tokens[i])."""
+        (rows: the slot's raw logits, row i the one that decided result.tokens[i]). The
+        speculator hears how much of its own draft was kept, which differs from what was
+        verified only where a grammar cut or replaced it."""
+        own = result.accepted if verified is draft else _kept_of(draft, result)
         if self.speculator is not None:
-            self.speculator.accept(req.slot, result.accepted)
-        self.budget.update(req.slot, len(draft), result.accepted, req.spec.n_max)
-        req.timings.draft_n += len(draft)
+            self.speculator.accept(req.slot, own)
+        self.budget.update(req.slot, len(draft), own, req.spec.n_max)
+        req.timings.draft_n += len(verified)
         req.timings.draft_n_accepted += result.accepted
-        return self._emit(req, result.tokens, rows)
+        out = self._emit(req, result.tokens, rows)
+        out.drafted = min(result.accepted, len(out.tokens))  # a stop may cut the draft short
+        out.drafted_by = verified.source if out.drafted else ""
+        return out
 
     def _draft(self, plan: StepPlan) -> list[Draft]:
-        """One draft per decoding slot (empty where it has none or speculation is off)."""
-        decoding = plan.decode
-        base_rows = len(decoding) + sum(len(chunk) for _, chunk, _ in plan.prefill)
-        wanted = [r for r in decoding if r.spec.n_max > 0]
+        """One draft per decoding slot (empty where it has none or speculation is off): the
+        policy limits each slot's ask (speculative/draft_length.py), the speculator drafts."""
+        wanted = [r for r in plan.decode if r.spec.n_max > 0]
         if self.speculator is None or not wanted:
-            return [Draft() for _ in decoding]
-        max_len = self.runner.memory.max_len
-        # verification feeds [last, d1..dk] from position len(context) - 1: k must fit
-        limits = [
-            min(self.budget.limit(r.slot, r.spec.n_max), max_len - len(r.context)) for r in wanted
-        ]
-        cost = self.cost.relative(base_rows, max(limits))
-        asks = [
-            DraftRequest(
-                r.slot,
-                r.context,
-                n,
-                n_min=r.spec.n_min,
-                p_min=r.spec.p_min,
-                types=r.spec.types,
-                cost=cost,
-                prediction=r.prediction,
-            )
-            for r, n in zip(wanted, limits, strict=True)
-        ]
+            return [Draft() for _ in plan.decode]
+        asks = self.budget.limit([self._draft_request(r) for r in wanted], plan.rows)
         try:
             made = iter(self.speculator.draft(asks))
         except Exception:
             log.exception("drafting failed: this step verifies no drafts")
-            return [Draft() for _ in decoding]
-        return [next(made) if r.spec.n_max > 0 else Draft() for r in decoding]
+            return [Draft() for _ in plan.decode]
+        return [next(made) if r.spec.n_max > 0 else Draft() for r in plan.decode]
+
+    def _draft_request(self, req: Request) -> DraftRequest:
+        """What the speculator is asked for this request, up to its n_max and to the room
+        its slot has left: verification feeds [last, d1..dk] from len(context) - 1."""
+        room = self.runner.memory.max_len - len(req.context)
+        return DraftRequest(
+            req.slot,
+            req.context,
+            min(req.spec.n_max, room),
+            n_min=req.spec.n_min,
+            p_min=req.spec.p_min,
+            types=req.spec.types,
+            prediction=req.prediction,
+        )
 
     def _work(self, plan: StepPlan, drafts: list[Draft]) -> list[SlotInput]:
         work = [SlotInput(r.slot, chunk, int(last)) for r, chunk, last in plan.prefill]
@@ -331,19 +365,16 @@ class Engine:
             outputs = [req.output + list(draft.tokens[:i]) for i in range(k + 1)]
             logits = apply_penalties(logits, req.params, [req.prompt] * (k + 1), outputs)
         logits = apply_logit_bias(logits, req.params)
-        if req.constraint is not None:
-            probs = None if req.params.greedy else probs_from_logits(logits, req.params)
-            position = len(req.context)
-            result = verify_constrained(
-                req.constraint, logits, probs, draft.tokens, req.seed, position
-            )
-            return checked(result, logits.shape[-1])
-        if req.params.greedy:
-            # what the one-hot rows of probs_from_logits reduce to, without a softmax and
-            # a vocabulary-wide CDF per row
-            return verify_greedy(logits, draft.tokens)
-        probs = probs_from_logits(logits, req.params)
-        return checked(verify_slot(probs, draft, req.seed, len(req.context)), logits.shape[-1])
+        probs = None if req.params.greedy else probs_from_logits(logits, req.params)
+        result = verify(
+            logits,
+            draft,
+            probs=probs,
+            seed=req.seed,
+            position=len(req.context),
+            constraint=req.constraint,
+        )
+        return checked(result, logits.shape[-1])
 
     def _isolated(self, req: Request, fn: Callable[..., T], *args: Any) -> T | StepOutput:
         """fn(*args), or, if it raises, the request failed alone (its slot freed)."""
@@ -409,3 +440,11 @@ class Engine:
         self.budget.reset(req.slot)
         if self.speculator is not None:
             self.speculator.reset(req.slot)
+
+
+def _kept_of(draft: Draft, result: VerifyResult) -> int:
+    """How many of `draft`'s tokens stand in the accepted part of `result`."""
+    n = 0
+    while n < min(len(draft), result.accepted) and draft.tokens[n] == result.tokens[n]:
+        n += 1
+    return n

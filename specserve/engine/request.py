@@ -7,9 +7,9 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
-from specserve.engine.constrain import JsonConstraint
 from specserve.engine.logprobs import TokenLogprob
 from specserve.engine.sampling import SamplingParams
+from specserve.speculative.verify import Constraint
 
 _ids = itertools.count()
 
@@ -99,7 +99,7 @@ class Request:
     # the tenant: prefixes and speculators' cross-request tables are shared within one only
     cache_salt: str | None = None
     prediction: list[int] = field(default_factory=list)  # expected output (a draft source)
-    constraint: JsonConstraint | None = None  # JSON mode: the grammar its output follows
+    constraint: Constraint | None = None  # the grammar its output follows, if any
     seed: int = 0
     recomputed: bool = False  # its slot was lost once (a failed forward) and rebuilt
     timings: Timings = field(default_factory=Timings)

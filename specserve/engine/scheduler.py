@@ -23,6 +23,12 @@ class StepPlan:
         return bool(self.prefill or self.decode)
 
     @property
+    def rows(self) -> int:
+        """Rows the step's forward has before drafts: its prompt chunks' and a decoding
+        slot's one each."""
+        return sum(len(chunk) for _, chunk, _ in self.prefill) + len(self.decode)
+
+    @property
     def requests(self) -> list[Request]:
         """Every request the step's forward carries."""
         return [r for r, _, _ in self.prefill] + self.decode

@@ -22,8 +22,9 @@ from specserve.errors import SpecserveError
 from specserve.loading.q4k import q4k_fields
 from specserve.loading.q6k import q6k_groups
 from specserve.models.layers.embedding import QuantizedTable
-from specserve.models.layers.lowbit import TILE, LowbitLinear, Q4KLinear, Q6KLinear
+from specserve.models.layers.lowbit import LowbitLinear, Q4KLinear, Q6KLinear
 from specserve.models.layers.quant import quantize_weight
+from specserve.ops.naive.lowbit import TILE
 
 # GGUF types whose blocks become low-bit records as they are, without a float32 round trip,
 # and the --weights mode that takes them so

@@ -20,7 +20,8 @@ from specserve.loading.tokenizer import Tokenizer, load_tokenizer
 from specserve.models import registry
 from specserve.models.config import ModelConfig
 from specserve.models.layers.embedding import QuantizedEmbedding, QuantizedTable
-from specserve.models.layers.lowbit import LowbitLinear, fuse_lowbit
+from specserve.models.layers.lowbit import LowbitLinear
+from specserve.models.layers.lowbit_fused import fuse_lowbit
 from specserve.models.layers.packed import pack_linears
 from specserve.models.layers.quant import WEIGHT_MODES, Int4Linear, Int8Linear, auto_mode
 from specserve.models.registry import LanguageModel

@@ -1,7 +1,8 @@
-"""FastAPI app: OpenAI routes, /health, /metrics, /slots; errors in OpenAI's shape.
+"""FastAPI app: OpenAI routes, /health, /metrics, /slots, the chat page; OpenAI errors.
 
     POST /v1/chat/completions, /v1/completions, /v1/responses   (stream or not)
     GET  /v1/models, /health, /metrics, /slots
+    GET  /  (the chat page, server/chat_page.py; off with --no-webui)
 
 Every error is `{"error": {"message", "type", "param", "code"}}` with a 4xx/5xx status;
 bad input is a 400 (FastAPI's default 422 for wrong field types is replaced).
@@ -27,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specserve.engine.request import SpecParams
 from specserve.loading.tokenizer import Tokenizer
-from specserve.server import metrics
+from specserve.server import chat_page, metrics
 from specserve.server.errors import ApiError
 from specserve.server.generate import OpenAIEndpoints
 from specserve.server.loop import EngineLoop
@@ -57,6 +58,7 @@ class ServerConfig:
     spec_defaults: SpecParams = field(default_factory=lambda: SpecParams(n_max=0))
     drain_timeout: float = 25.0
     transport: TransportLimits = field(default_factory=TransportLimits)
+    webui: bool = True  # the chat page at /
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -80,7 +82,10 @@ def build_app(loop: EngineLoop, tokenizer: Tokenizer, cfg: ServerConfig) -> Fast
     _install_error_handlers(app)
     gen = OpenAIEndpoints(loop, tokenizer, cfg.model_id, cfg.spec_types, cfg.spec_defaults)
     # the Host and API key checks and the body limits run before a handler reads the body
-    app.add_middleware(TransportMiddleware, limits=cfg.transport, api_key=cfg.api_key)
+    page = chat_page.PATHS if cfg.webui else frozenset()
+    app.add_middleware(
+        TransportMiddleware, limits=cfg.transport, api_key=cfg.api_key, open_paths=page
+    )
     app.add_middleware(RequestIdMiddleware)  # outermost: its id names the refusals too
     v1 = APIRouter()
 
@@ -116,6 +121,8 @@ def build_app(loop: EngineLoop, tokenizer: Tokenizer, cfg: ServerConfig) -> Fast
         return PlainTextResponse(metrics.render(registry), media_type=metrics.CONTENT_TYPE)
 
     app.include_router(v1)
+    if cfg.webui:
+        chat_page.add_chat_page(app)
     return app
 
 

@@ -64,12 +64,6 @@ def _at_most(param: str, got: int, cap: int, what: str) -> None:
 
 def unsupported(body: GenerationRequest) -> None:
     """Refuse, naming it, a field that would change the output but is not implemented."""
-    if body.output_format not in ("text", "json_object"):
-        raise ApiError(
-            400,
-            f"response_format {body.output_format!r} is not supported (JSON mode is: json_object)",
-            param="text.format" if isinstance(body, ResponsesRequest) else "response_format",
-        )
     if body.functions and body.tool_choice != "none":
         raise ApiError(400, "functions are not supported; send tools", param="functions")
     if body.tools and body.tool_choice != "none" and not isinstance(body, ChatCompletionRequest):

@@ -63,6 +63,13 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="/health answers 503 'stalled' when the engine has work but has finished no step "
         f"for this many seconds (default {DEFAULT_STALL_TIMEOUT:.0f})",
     )
+    h.add_argument(
+        "--no-webui",
+        dest="webui",
+        action="store_false",
+        help="do not serve the chat page at / (default: served, without the API key; the "
+        "page asks for the key and sends it with every request)",
+    )
     _add_limit_args(p)
 
 
@@ -173,6 +180,7 @@ def build_server(args: argparse.Namespace) -> tuple[EngineLoop, ServerConfig, Lo
         spec_defaults=defaults if speculating else SpecParams(n_max=0),
         drain_timeout=args.drain_timeout,
         transport=transport_limits(args, engine.max_len),
+        webui=args.webui,
     )
     return loop, cfg, loaded
 
@@ -200,6 +208,8 @@ def run_serve(args: argparse.Namespace) -> None:
         ctx,
         ",".join(cfg.spec_types) or "none",
     )
+    if cfg.webui:
+        logging.getLogger("specserve").info("chat page: http://%s:%d/", args.host, args.port)
     config = uvicorn_config(app, cfg.transport, host=args.host, port=args.port, log_level="info")
     uvicorn.Server(config).run()  # handles SIGINT/SIGTERM: graceful shutdown, then lifespan
 

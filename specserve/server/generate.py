@@ -22,12 +22,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from specserve.engine.constrain import JsonConstraint
 from specserve.engine.request import Request as EngineRequest
 from specserve.engine.request import SpecParams
 from specserve.errors import SpecserveError
+from specserve.grammar.constraint import GrammarConstraint, build_constraint
+from specserve.grammar.formats import CALL_START, Grammar, GrammarError
 from specserve.loading.tokenizer import Tokenizer
-from specserve.server import choices, logprobs, streams, tools
+from specserve.server import choices, logprobs, runs, streams, structured, tools
 from specserve.server.checks import check_caps, check_prediction, sampling, unsupported
 from specserve.server.errors import ApiError
 from specserve.server.loop import EngineFailure, EngineLoop, Handle, QueueFull
@@ -98,37 +99,41 @@ class OpenAIEndpoints:
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
         self._check(body)
         offered = tools.offered(body, self.tok.chat_template)
+        grammar = self._chat_grammar(body, offered)
         turns = [tools.template_message(_turn(m)) for m in body.messages]
         prompt = await self._off_loop(self._chat_prompt, turns, offered)
         use_mct = body.max_completion_tokens is not None
         limit = body.max_completion_tokens if use_mct else body.max_tokens
         param = "max_completion_tokens" if use_mct else "max_tokens"
-        handles, runs = await self._start(body, prompt, limit, param, _tenant(request, body))
+        tenant = _tenant(request, body)
+        handles, outs = await self._start(body, prompt, limit, param, tenant, grammar)
         if offered:
             names = [t["function"]["name"] for t in offered]
-            runs = [tools.with_calls(run, names) for run in runs]
+            outs = [tools.with_calls(run, names) for run in outs]
         ids = streams.Ids("chatcmpl-" + uuid.uuid4().hex, self.model_id)
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            merged = choices.merged([_errors_as_events(run) for run in runs])
-            return EngineStream(handles, streams.chat(ids, merged, len(runs), usage))
-        got = await choices.collect(runs, handles, request)
+            merged = choices.merged([runs.errors_as_events(run) for run in outs])
+            return EngineStream(handles, streams.chat(ids, merged, len(outs), usage))
+        got = await choices.collect(outs, handles, request)
         return JSONResponse(streams.chat_completion(ids, got))
 
     async def completion(self, body: CompletionRequest, request: Request) -> Response:
         self._check(body)
         prompt = await self._off_loop(self._completion_prompt, body.prompt)
-        tenant = _tenant(request, body)
-        handles, runs = await self._start(body, prompt, body.max_tokens, "max_tokens", tenant)
+        tenant, grammar = _tenant(request, body), structured.requested(body)
+        handles, outs = await self._start(
+            body, prompt, body.max_tokens, "max_tokens", tenant, grammar
+        )
         if body.echo:  # the prompt's own text (decoded, for a prompt of token ids) first
             echo = body.prompt if isinstance(body.prompt, str) else self.tok.decode(prompt)
-            runs = [_prefixed(echo, run) for run in runs]
+            outs = [runs.prefixed(echo, run) for run in outs]
         ids = streams.Ids("cmpl-" + uuid.uuid4().hex, self.model_id)
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            merged = choices.merged([_errors_as_events(run) for run in runs])
-            return EngineStream(handles, streams.completion(ids, merged, len(runs), usage))
-        got = await choices.collect(runs, handles, request)
+            merged = choices.merged([runs.errors_as_events(run) for run in outs])
+            return EngineStream(handles, streams.completion(ids, merged, len(outs), usage))
+        got = await choices.collect(outs, handles, request)
         return JSONResponse(streams.completion_object(ids, got))
 
     async def response(self, body: ResponsesRequest, request: Request) -> Response:
@@ -142,18 +147,41 @@ class OpenAIEndpoints:
             turns += [{"role": m.role, "content": m.content} for m in body.input]
         prompt = await self._off_loop(self._chat_prompt, turns)
         limit, tenant = body.max_output_tokens, _tenant(request, body)
-        handles, runs = await self._start(body, prompt, limit, "max_output_tokens", tenant)
+        grammar = structured.requested(body)
+        handles, outs = await self._start(body, prompt, limit, "max_output_tokens", tenant, grammar)
         ids = streams.Ids("resp_" + uuid.uuid4().hex, self.model_id)
-        if body.stream:  # one choice (n > 1 is refused here)
-            return EngineStream(handles, streams.response_events(ids, _errors_as_events(runs[0])))
-        ((got, fin),) = await choices.collect(runs, handles, request)
+        if body.stream:  # one output: n > 1 is refused here
+            events = streams.response_events(ids, runs.errors_as_events(outs[0]))
+            return EngineStream(handles, events)
+        ((got, fin),) = await choices.collect(outs, handles, request)
         return JSONResponse(streams.response_object(ids, got, fin))
 
+    def _chat_grammar(
+        self, body: ChatCompletionRequest, offered: list[Any] | None
+    ) -> Grammar | None:
+        asked = structured.requested(body)
+        if not offered:
+            return asked
+        if asked is not None:
+            raise ApiError(
+                400,
+                f'{asked.field} and tools together are not supported; send tool_choice "none"',
+                param=asked.field,
+            )
+        return structured.tool_grammar(body, offered, self._tags_are_tokens)
+
     @cached_property
-    def _token_table(self) -> list[bytes]:
-        """Each token id's bytes, for JSON mode (built at its first request, not at start-up:
-        docs/perf/quality.md)."""
-        return self.tok.token_table(self.vocab_size)
+    def _tags_are_tokens(self) -> bool:
+        """Whether the vocabulary spells the tool-call tag as one token of its own."""
+        return len(self.tok.encode_text(CALL_START)) == 1
+
+    def _constraint(self, grammar: Grammar) -> GrammarConstraint:
+        """The request's matcher (the library's view of the vocabulary is built at the first
+        constrained request, not at start-up)."""
+        try:
+            return build_constraint(self.tok, self.vocab_size, grammar)
+        except GrammarError as e:
+            raise ApiError(400, str(e), param=grammar.field) from e
 
     # -- checks and prompts ----------------------------------------------------------------
     def _check(self, body: GenerationRequest) -> None:
@@ -270,6 +298,7 @@ class OpenAIEndpoints:
         asked: int | None,
         param: str,
         tenant: str | None,
+        grammar: Grammar | None = None,
     ) -> tuple[list[Handle], list[AsyncIterator[Delta | Finish]]]:
         """Check the settings, submit one request per choice, and wait until the engine has
         taken them."""
@@ -282,10 +311,9 @@ class OpenAIEndpoints:
         ]
         for req in reqs:
             req.cache_prompt, req.cache_salt = body.cache_prompt, tenant
-        if body.output_format == "json_object":
-            table = await self._off_loop(lambda: self._token_table)
+        if grammar is not None:  # each choice follows the grammar on its own
             for req in reqs:
-                req.constraint = JsonConstraint(table, self.tok.eog_ids)
+                req.constraint = await self._off_loop(self._constraint, grammar)
         if body.prediction is not None:
             text = _text_of(body.prediction.content)
             encode = self.tok.encode_text
@@ -312,7 +340,7 @@ class OpenAIEndpoints:
             choices.cancel(handles)
             raise
         tok = self.tok if top is not None else None
-        return handles, [_run(h, TextStream(self.tok.decode, stop), tok) for h in handles]
+        return handles, [runs.text_run(h, TextStream(self.tok.decode, stop), tok) for h in handles]
 
 
 def _tenant(request: Request, body: GenerationRequest) -> str | None:
@@ -322,48 +350,6 @@ def _tenant(request: Request, body: GenerationRequest) -> str | None:
     if key is None and body.cache_salt is None:
         return None
     return f"{key or ''}|{body.cache_salt or ''}"
-
-
-async def _run(
-    handle: Handle, text: TextStream, tok: Tokenizer | None
-) -> AsyncIterator[Delta | Finish]:
-    """Text deltas (with their tokens' logprobs when `tok` is given) as the engine produces
-    them, then one Finish."""
-    prompt_n = len(handle.request.prompt)
-    async for event in handle.events():
-        delta, used = text.push_each(event.tokens)
-        if text.stopped:
-            handle.cancel()  # a stop string ended it: free the slot now
-        elif event.finished:
-            delta += text.flush()
-        items = None if tok is None else logprobs.to_openai(tok, event.logprobs[:used])
-        if delta or items:
-            yield Delta(delta, items)
-        if text.stopped or event.finished:
-            reason = "stop" if text.stopped else event.finish_reason or "stop"
-            timings = event.timings or handle.request.timings.as_dict()
-            yield Finish(reason, prompt_n, text.n_tokens, timings)
-            return
-
-
-async def _prefixed(
-    first: str, run: AsyncIterator[Delta | Finish]
-) -> AsyncIterator[Delta | Finish]:
-    if first:
-        yield Delta(first)
-    async for item in run:
-        yield item
-
-
-async def _errors_as_events(
-    run: AsyncIterator[Delta | Finish],
-) -> AsyncIterator[Delta | Finish | Exception]:
-    """Once a stream has started, an engine failure can only be reported inside it."""
-    try:
-        async for item in run:
-            yield item
-    except EngineFailure as e:
-        yield e
 
 
 def _turn(message: ChatMessage) -> dict[str, Any]:

@@ -64,6 +64,8 @@ class Event:
     timings: Timings | None = None
     error: Exception | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per token, if asked
+    drafted: int = 0  # the first `drafted` tokens are accepted draft tokens
+    drafted_by: str = ""  # the type of the speculator that proposed them
 
 
 @dataclass(frozen=True)
@@ -356,6 +358,7 @@ class EngineLoop:
             return handle, Event([], True, error=failure)
         self.latency.delivered(out, handle)
         event = Event(out.tokens, out.finished, req.finish_reason, timings, logprobs=out.logprobs)
+        event.drafted, event.drafted_by = out.drafted, out.drafted_by
         return handle, event
 
     def _fail_all(self, error: Exception) -> None:

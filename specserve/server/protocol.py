@@ -4,11 +4,11 @@ Requests accept (and ignore) fields we do not model, as OpenAI clients send many
 (`user`, `metadata`, ...); fields we do model are type-checked, and a wrong type is a 400.
 `n` samples several choices of one prompt, prefilled once (engine/samples.py); choice i
 of a request with `seed` s uses seed s + i, so choice 0 is what the request with n = 1
-gives. Fields that would change the output but are not implemented (`response_format`
-`json_schema`, `tools` outside chat or with a forced `tool_choice`, `best_of`, `suffix`) are
-modelled only to be refused with a 400 that names them: ignoring them would return text
-the client did not ask for. `response_format` `json_object` is JSON mode (constrained
-decoding, engine/constrain.py); the Responses API spells it `text: {"format": ...}`.
+gives. Fields that would change the output but are not implemented (`tools` outside chat,
+`best_of`, `suffix`) are modelled only to be refused with a 400 that names them: ignoring
+them would return text the client did not ask for. `response_format` (`json_object`,
+`json_schema`; the Responses API spells it `text: {"format": ...}`) and the structured-output
+extensions of vLLM and llama.cpp constrain the output to a grammar (server/structured.py).
 Logprobs come in each endpoint's own shape: chat's `logprobs: true` + `top_logprobs`,
 legacy completions' `logprobs: N`, the Responses API's
 `include: ["message.output_text.logprobs"]` + `top_logprobs`.
@@ -122,12 +122,6 @@ class GenerationRequest(BaseModel):
     cache_salt: str | None = Field(default=None, max_length=256)
 
     @property
-    def output_format(self) -> str:
-        """The reply's format: "text", or "json_object" for JSON mode (or what else the
-        body asks for, to be refused)."""
-        return "text" if self.response_format is None else self.response_format.type
-
-    @property
     def choices(self) -> int:
         """How many choices to sample (OpenAI's n; choice i with seed s uses seed s + i)."""
         return 1 if self.n is None else self.n
@@ -230,12 +224,6 @@ class ResponsesRequest(GenerationRequest):
 
     include: list[str] | None = None  # "message.output_text.logprobs" asks for logprobs
 
-    @property
-    def output_format(self) -> str:
-        if self.text is not None and self.text.format is not None:
-            return self.text.format.type
-        return super().output_format
-
 
 # -- responses ------------------------------------------------------------------------------
 
@@ -287,10 +275,26 @@ class ToolCall(BaseModel):
     function: FunctionCall
 
 
-class ToolCallDelta(ToolCall):
-    """A call in a stream chunk (sent whole; `index` counts the response's calls)."""
+class FunctionDelta(BaseModel):
+    name: str | None = None  # in a call's first delta only
+    arguments: str = ""  # a fragment of the JSON text
+
+
+class ToolCallDelta(BaseModel):
+    """A piece of a call in a stream chunk, as OpenAI streams them: the first carries `id`,
+    `type` and the name, the later ones fragments of the arguments; `index` counts the
+    response's calls."""
 
     index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        body = {k: v for k, v in handler(self).items() if v is not None}
+        body["function"] = {k: v for k, v in body["function"].items() if v is not None}
+        return body
 
 
 class AssistantMessage(BaseModel):
@@ -335,6 +339,15 @@ class ChatChunkChoice(BaseModel):
     logprobs: ChoiceLogprobs | None = None
 
 
+class ChunkSpeculation(BaseModel):
+    """Our extension on each streamed chunk of generated text: the tokens behind it, how
+    many of them were accepted draft tokens, and the speculator type that proposed those."""
+
+    tokens: int
+    drafted: int = 0
+    type: str | None = None
+
+
 class ChatCompletionChunk(BaseModel):
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
@@ -343,6 +356,7 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     timings: dict[str, float | int] | None = None
+    speculative: ChunkSpeculation | None = None
 
 
 class CompletionChoice(BaseModel):
@@ -362,6 +376,7 @@ class Completion(BaseModel):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     timings: dict[str, float | int] | None = None
+    speculative: ChunkSpeculation | None = None  # streamed chunks only
 
 
 class OutputText(BaseModel):

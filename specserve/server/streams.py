@@ -7,7 +7,8 @@ APIError).
 
 Chat and legacy completions stream `data: {chunk}` lines and end with `data: [DONE]`;
 the Responses API streams typed events (`event: response.output_text.delta`, ...) and,
-as OpenAI's does, no [DONE]. The final chunk or event carries llama.cpp's `timings`.
+as OpenAI's does, no [DONE]. The final chunk or event carries llama.cpp's `timings`, and
+each chunk of generated text our `speculative` extension (protocol.ChunkSpeculation).
 
 With n choices (chat and legacy completions), their runs come merged, each item with its
 choice's index, and every chunk names its choice (`index`), as OpenAI's do; each choice's
@@ -35,6 +36,7 @@ from specserve.server.protocol import (
     ChatCompletionChunk,
     ChatDelta,
     ChoiceLogprobs,
+    ChunkSpeculation,
     Completion,
     CompletionChoice,
     ErrorDetail,
@@ -52,12 +54,16 @@ from specserve.server.protocol import (
 
 @dataclass
 class Delta:
-    """New text, the logprobs of the tokens behind it (None: the request asked none), and
-    the tool calls that it completed (taken out of the text)."""
+    """New text, the logprobs of the tokens behind it (None: the request asked none), the
+    tool calls that it completed (taken out of the text), the pieces of calls that a
+    stream sends as they come, and how many tokens are behind it and how many of those
+    were accepted drafts (None: text not generated here)."""
 
     text: str
     logprobs: list[TokenLogprobs] | None = None
     calls: list[ToolCall] = field(default_factory=list)  # tool calls completed here
+    parts: list[ToolCallDelta] = field(default_factory=list)  # calls begun or grown here
+    origin: ChunkSpeculation | None = None
 
     @classmethod
     def join(cls, parts: list[Delta]) -> Delta:
@@ -181,22 +187,16 @@ async def chat(ids: Ids, runs: Runs, n: int, include_usage: bool) -> AsyncIterat
 
     for i in range(n):
         yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
-    n_calls = [0] * n  # each choice numbers its own tool calls
     fins: dict[int, Finish] = {}
     async for i, item in runs:
         if isinstance(item, Exception):
             yield _error(item)
             return
         if isinstance(item, Delta):
-            calls = [
-                ToolCallDelta(index=k, **c.model_dump())
-                for k, c in enumerate(item.calls, start=n_calls[i])
-            ]
-            n_calls[i] += len(calls)
-            text = item.text if item.text or not calls else None
-            delta = ChatDelta(content=text, tool_calls=calls or None)
-            lp = _chat_logprobs(item.logprobs)
-            yield chunk([ChatChunkChoice(index=i, delta=delta, logprobs=lp)])
+            text = item.text if item.text or not item.parts else None
+            delta = ChatDelta(content=text, tool_calls=item.parts or None)
+            choice = ChatChunkChoice(index=i, delta=delta, logprobs=_chat_logprobs(item.logprobs))
+            yield chunk([choice], speculative=item.origin)
             continue
         fins[i] = item
         last = ChatChunkChoice(index=i, delta=ChatDelta(), finish_reason=item.reason)
@@ -241,7 +241,8 @@ async def completion(ids: Ids, runs: Runs, n: int, include_usage: bool) -> Async
         if isinstance(item, Delta):
             lp = None if item.logprobs is None else legacy(item.logprobs, offsets[i])
             offsets[i] += sum(len(t) for t in lp.tokens) if lp else 0
-            yield chunk([CompletionChoice(index=i, text=item.text, logprobs=lp)])
+            choice = CompletionChoice(index=i, text=item.text, logprobs=lp)
+            yield chunk([choice], speculative=item.origin)
             continue
         fins[i] = item
         last = CompletionChoice(index=i, text="", finish_reason=item.reason)
@@ -325,7 +326,8 @@ async def response_events(ids: Ids, run: Run) -> AsyncIterator[str]:
         if isinstance(got, Delta):
             parts.append(got)
             lp = _dumped(got.logprobs)
-            yield event("response.output_text.delta", **where, delta=got.text, logprobs=lp)
+            extra = {"speculative": got.origin.model_dump()} if got.origin else {}
+            yield event("response.output_text.delta", **where, delta=got.text, logprobs=lp, **extra)
             continue
         whole = Delta.join(parts)
         final = response_object(ids, whole, got)

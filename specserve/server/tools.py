@@ -10,8 +10,15 @@ Qwen2.5's template (and every Hermes-style one) asks the model to answer a call 
 and complete calls (vLLM's `hermes` parser reads the same format). Text that may be the
 start of `<tool_call>` is held back until it is clearly not, as stop strings are; a block
 whose JSON does not parse as a call, or that never closes, is handed back as content, so
-no generated text is lost. A call is sent whole in one stream chunk (OpenAI streams the
-arguments in pieces; clients accumulate either).
+no generated text is lost.
+
+A stream sends each call as OpenAI does: first its id and name, then its arguments in
+fragments as the text arrives. The tools' grammar holds a tagged call to one layout,
+`{"name": ..., "arguments": {...}}`, so the name is known once its string closes, and the
+arguments object ends where its braces balance (outside strings). A call that was begun in a
+stream but is cut off (max_tokens) before its tag closes is handed back as content too, as
+the whole reply would hand it back; a call in another layout, or a bare one, is sent at
+once in two pieces, its start and its arguments whole.
 
 Qwen2.5-Coder 0.5B and 1.5B leave the tags out: asked for the weather with a weather tool
 offered, they answer `{"name": "get_weather", "arguments": {"city": "Paris"}}`, bare or in
@@ -26,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -34,7 +42,9 @@ from specserve.server.errors import ApiError
 from specserve.server.protocol import (
     ChatCompletionRequest,
     FunctionCall,
+    FunctionDelta,
     ToolCall,
+    ToolCallDelta,
     check_plain_json,
 )
 from specserve.server.streams import Delta, Finish
@@ -44,14 +54,14 @@ START, END = "<tool_call>", "</tool_call>"
 
 
 def offered(body: ChatCompletionRequest, chat_template: str | None) -> list[Any] | None:
-    """The tools to offer the model: none unless asked, and tool_choice "auto"."""
+    """The tools to offer the model: none unless asked, or with tool_choice "none"."""
     if not body.tools or body.tool_choice == "none":
         return None
-    if body.tool_choice not in (None, "auto"):
+    if isinstance(body.tool_choice, str) and body.tool_choice not in ("auto", "required"):
         raise ApiError(
             400,
-            f"tool_choice {body.tool_choice!r} is not supported (forcing a call needs "
-            'schema-constrained decoding); send "auto" or "none"',
+            f'tool_choice is "none", "auto", "required" or a named function, got '
+            f"{body.tool_choice!r}",
             param="tool_choice",
         )
     if not chat_template or START not in chat_template:
@@ -76,15 +86,58 @@ async def with_calls(
     async for item in run:
         if isinstance(item, Delta):
             text, made = calls.push(item.text)
-            if text or made or item.logprobs:
-                yield Delta(text, item.logprobs, made)
+            parts = calls.take_parts()
+            if text or made or parts or item.logprobs:
+                yield Delta(text, item.logprobs, made, parts)
             continue
         rest, made = calls.flush()
-        if rest or made:
-            yield Delta(rest, None, made)
+        parts = calls.take_parts()
+        if rest or made or parts:
+            yield Delta(rest, None, made, parts)
         if calls.calls and item.reason == "stop":
             item = dataclasses.replace(item, reason="tool_calls")
         yield item
+
+
+# a tagged call's start as the grammar lays it out, up to its arguments' opening brace
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\{)')
+
+
+@dataclasses.dataclass
+class _Open:
+    """A tagged call whose start a stream has sent: where its arguments begin in the block,
+    how far they are sent, and the scanner's state there."""
+
+    index: int
+    id: str
+    name: str
+    start: int
+    sent: int
+    depth: int = 0
+    in_string: bool = False
+    escaped: bool = False
+    done: bool = False
+
+    def grow(self, block: str) -> str:
+        """The arguments' text that `block` adds, up to their closing brace."""
+        i = self.sent
+        while i < len(block) and not self.done:
+            c = block[i]
+            if self.escaped:
+                self.escaped = False
+            elif self.in_string:
+                self.escaped = c == "\\"
+                self.in_string = c != '"'
+            elif c == '"':
+                self.in_string = True
+            elif c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                self.depth -= 1
+                self.done = self.depth == 0
+            i += 1
+        piece, self.sent = block[self.sent : i], i
+        return piece
 
 
 class ToolCallStream:
@@ -93,7 +146,15 @@ class ToolCallStream:
         self._text = ""  # received, not yet handed out
         self._inside = False  # within a <tool_call> block
         self._bare = True  # the reply so far may, as a whole, be a bare call
+        self._open: _Open | None = None  # the tagged call being streamed
+        self._parts: list[ToolCallDelta] = []  # pieces of calls not yet taken
+        self._started = 0  # calls whose start has been sent
         self.calls: list[ToolCall] = []
+
+    def take_parts(self) -> list[ToolCallDelta]:
+        """The pieces of calls that the text so far began or grew, for a stream."""
+        parts, self._parts = self._parts, []
+        return parts
 
     def push(self, delta: str) -> tuple[str, list[ToolCall]]:
         """New text -> (content that is safe to emit, calls completed by it)."""
@@ -112,11 +173,11 @@ class ToolCallStream:
             call = _parse(_unfenced(self._text), self._names)
             if call is not None:
                 self._text = ""
-                self.calls.append(call)
+                self.calls.append(self._send_whole(call))
                 return "", [call]
         content, calls = self._split()
         rest = (START if self._inside else "") + self._text
-        self._text, self._inside = "", False
+        self._text, self._inside, self._open = "", False, None
         return content + rest, calls
 
     def _split(self) -> tuple[str, list[ToolCall]]:
@@ -125,6 +186,7 @@ class ToolCallStream:
         while True:
             if self._inside:
                 end = self._text.find(END)
+                self._grow(self._text if end < 0 else self._text[:end])
                 if end < 0:
                     return content, calls
                 block, self._text = self._text[:end], self._text[end + len(END) :]
@@ -133,8 +195,9 @@ class ToolCallStream:
                 if call is None:  # not a call after all: the text as it was
                     content += START + block + END
                 else:
-                    calls.append(call)
-                    self.calls.append(call)
+                    calls.append(self._finish(call, block))
+                    self.calls.append(calls[-1])
+                self._open = None
                 continue
             start = self._text.find(START)
             if start < 0:
@@ -145,6 +208,53 @@ class ToolCallStream:
             content += self._text[:start]
             self._text = self._text[start + len(START) :]
             self._inside = True
+
+    def _grow(self, block: str) -> None:
+        """Send the start of the tagged call in `block` once its name is known, and then
+        what its arguments gained."""
+        if self._open is None:
+            head = _HEAD.match(block)
+            if head is None:
+                return
+            try:
+                name = json.loads(f'"{head[1]}"')
+            except json.JSONDecodeError:  # no name after all: sent whole when it closes
+                return
+            self._open = _Open(self._started, _call_id(), name, head.end(), head.end())
+            self._started += 1
+            self._parts.append(_start_part(self._open.index, self._open.id, name))
+        piece = self._open.grow(block)
+        if piece:
+            self._parts.append(
+                ToolCallDelta(index=self._open.index, function=FunctionDelta(arguments=piece))
+            )
+
+    def _finish(self, call: ToolCall, block: str) -> ToolCall:
+        """The closed call, as its pieces were sent: their id, and its arguments as written."""
+        if self._open is None or not self._open.done:
+            return self._send_whole(call)
+        arguments = block[self._open.start : self._open.sent]
+        return ToolCall(
+            id=self._open.id, function=FunctionCall(name=self._open.name, arguments=arguments)
+        )
+
+    def _send_whole(self, call: ToolCall) -> ToolCall:
+        index, self._started = self._started, self._started + 1
+        self._parts.append(_start_part(index, call.id, call.function.name))
+        if call.function.arguments:
+            arguments = FunctionDelta(arguments=call.function.arguments)
+            self._parts.append(ToolCallDelta(index=index, function=arguments))
+        return call
+
+
+def _call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def _start_part(index: int, call_id: str, name: str) -> ToolCallDelta:
+    return ToolCallDelta(
+        index=index, id=call_id, type="function", function=FunctionDelta(name=name)
+    )
 
 
 def split(text: str, names: Sequence[str]) -> tuple[str, list[ToolCall]]:
@@ -188,9 +298,7 @@ def _parse(block: str, names: set[str] | None = None) -> ToolCall | None:
         return None
     arguments = body.get("arguments", body.get("parameters", {}))
     text = arguments if isinstance(arguments, str) else json.dumps(arguments)
-    return ToolCall(
-        id="call_" + uuid.uuid4().hex[:24], function=FunctionCall(name=body["name"], arguments=text)
-    )
+    return ToolCall(id=_call_id(), function=FunctionCall(name=body["name"], arguments=text))
 
 
 def template_message(message: dict[str, Any]) -> dict[str, Any]:

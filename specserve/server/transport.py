@@ -81,12 +81,20 @@ def host_allowed(host: str, allowed: tuple[str, ...]) -> bool:
 class TransportMiddleware:
     """Host and API key checks before the body; body size and read-timeout limits."""
 
-    def __init__(self, app: ASGIApp, limits: TransportLimits, api_key: str | None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        limits: TransportLimits,
+        api_key: str | None,
+        open_paths: frozenset[str] = frozenset(),
+    ) -> None:
+        """open_paths: more paths answered without the key (the chat page's files)."""
         self.app = app
         self.limits = limits
         # several keys, comma-separated (as llama.cpp's --api-key): one tenant each
         self.keys = [k.strip().encode() for k in (api_key or "").split(",") if k.strip()]
-        self.open_paths = OPEN_PATHS | ({"/metrics"} if limits.metrics_public else set())
+        metrics = {"/metrics"} if limits.metrics_public else set()
+        self.open_paths = OPEN_PATHS | open_paths | metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

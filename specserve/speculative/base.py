@@ -9,7 +9,9 @@ Shape of the protocol (after llama.cpp's common/speculative.h):
 
 Speculators only propose tokens. They never touch the target's memory, and the engine
 never asks which kind of speculator it holds. Subclasses implement `_draft` (and
-optionally `_begin`, `_accept`, `_reset`); counting and timing happen here, once.
+optionally `_begin`, `_accept`, `_reset`); counting and timing happen here, once, and so
+does the length of every draft: `draft` asks each drafter for, and cuts what it drafted
+to, what its `DraftWorth` (speculative/draft_length.py) says is worth verifying.
 """
 
 from __future__ import annotations
@@ -17,24 +19,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
-from itertools import accumulate
 from typing import TypeVar
 
 import torch
 
-from specserve.speculative.rates import AcceptanceModel, at, count_kept, count_positions, grow
+from specserve.speculative.draft_length import DraftWorth
+from specserve.speculative.rates import AcceptanceModel, count_kept, count_positions, grow
 
 S = TypeVar("S")
-
-# a draft is verified only if it promises this much more than no draft: the rates and
-# costs are estimates, and a verify step costs a little outside the forward too (the
-# k + 1 rows' sampling, the commit); at break-even a draft would only add noise
-MIN_GAIN = 1.05
-# a costly drafter with fewer verified drafts than this is asked (one token, at most this
-# many times) even when the prior's 1-in-2 rates say it cannot pay: with them alone a 0.5B
-# draft model for the 1.5B target (a third of a step per token) was never asked, so its
-# real rates were never learnt
-EXPLORE = 4
 
 
 def slot_state(table: dict[int, S], slot: int, make: Callable[[], S]) -> S:
@@ -82,11 +74,14 @@ class Draft:
     probs: [k, V] draft probabilities q(x | prefix) for each proposed position, or None.
     tier: the drafter's confidence class for this draft (suffix: how long a suffix of the
         context it matched); acceptance is learnt per tier (speculative/rates.py).
+    source: the type of the speculator that proposed it (a chain passes its child's on), so
+        the server can tell clients whose tokens were kept.
     """
 
     tokens: list[int] = field(default_factory=list)
     probs: torch.Tensor | None = None
     tier: int = 0
+    source: str = ""
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -165,11 +160,11 @@ class Speculator:
 
     def __init__(self) -> None:
         self.stats = SpecStats()
-        self.rates = AcceptanceModel()  # what decides which drafts are worth verifying
+        self.rates = AcceptanceModel()  # kept-rates, from which drafts are valued
+        self.worth = DraftWorth(self)  # how long its drafts are (speculative/draft_length.py)
         # the draft proposed last for each slot (length, tier), so accept() can be checked
         # and counted
         self._last: dict[int, tuple[int, int]] = {}
-        self._explored = 0  # asks made against the estimate, to learn the rates (EXPLORE)
         self._tenants: dict[int, str | None] = {}  # slot -> whose sequence it holds
 
     # drafting cost per token, in target forwards (a draft model's forward vs the target's)
@@ -192,16 +187,19 @@ class Speculator:
         return types is None or self.name in types
 
     def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        """One draft per request: the drafter is asked for the length worth drafting and
+        what it drafts is cut to the length worth verifying (`self.worth`), then counted."""
         t0 = time.perf_counter()
         for req in requests:  # the token after each slot's last draft is known now
             self.rates.settle(req.slot, req.tokens)
         asked = [r for r in map(self._ask, requests) if r is not None]
-        made = dict(zip((r.slot for r in asked), self._draft(asked) if asked else [], strict=True))
+        drafts = [self._named(d) for d in (self._draft(asked) if asked else [])]
+        made = dict(zip((r.slot for r in asked), drafts, strict=True))
         self.stats.draft_seconds += time.perf_counter() - t0
         out = []
         for req in requests:
             full = _clip(made.get(req.slot, Draft()), req.n_max)
-            d = self._worth(req, full)
+            d = _clip(full, self.worth.cut_length(req, full))
             if len(d) < max(req.n_min, 1):
                 d = Draft()
             if req.slot in made and not full and self.relative_cost > 0:
@@ -214,23 +212,17 @@ class Speculator:
             out.append(d)
         return out
 
+    def _named(self, d: Draft) -> Draft:
+        """The draft with its proposer's type: a chain's drafts keep their child's."""
+        return d if d.source else replace(d, source=self.name)
+
     def _ask(self, req: DraftRequest) -> DraftRequest | None:
-        """The request as this drafter gets it, or None if it is not asked. A costly
-        drafter pays per token drafted, so it is asked for the length worth the most with
-        its drafting counted, and not at all where no length is worth MIN_GAIN."""
+        """The request as this drafter gets it, or None if it is not asked: its types must
+        allow it, and its n_max is what DraftWorth.ask_length says is worth drafting."""
         if not self.serves(req.types):
             return None
-        if self.relative_cost == 0 or req.cost is None:
-            return req
-        values = self.values(req, req.n_max, self.relative_cost)
-        best = max(range(1, len(values)), key=lambda k: (values[k], -k), default=0)
-        if best and values[best] >= MIN_GAIN:
-            return replace(req, n_max=best)
-        untried = at(self.rates.overall.reached, 0) < EXPLORE
-        if best and untried and self._explored < EXPLORE:  # the count: asks can come to nothing
-            self._explored += 1
-            return replace(req, n_max=1)
-        return None
+        n = self.worth.ask_length(req)
+        return None if n is None else replace(req, n_max=n)
 
     def _missed_at_first(self, slot: int) -> None:
         """A costly drafter was asked and gave nothing (e.g. its confidence fell below
@@ -238,37 +230,10 @@ class Speculator:
         worth is a draft whose first token the target rejected."""
         self.rates.learn(slot, 0, 0, 1)
 
-    # what a draft is worth -----------------------------------------------------------------
     def acceptance_rates(self, slot: int, n: int, tier: int = 0) -> list[float]:
         """r_0..r_{n-1}: the chance that positions 0..i of a draft of this tier on `slot`
         are all kept (speculative/rates.py)."""
         return self.rates.rates(slot, tier, n)
-
-    def values(
-        self, req: DraftRequest, n: int, draft_cost: float = 0.0, tier: int = 0
-    ) -> list[float]:
-        """value(k) for k = 0..n: the tokens a k-token draft is expected to yield per
-        step-equivalent of cost, (1 + sum_{i<k} r_i) / (cost(k) + draft_cost * k); 1 for none."""
-        gains = list(accumulate(self.acceptance_rates(req.slot, n, tier), initial=1.0))
-        return [g / (req.verify_cost(k) + draft_cost * k) for k, g in enumerate(gains)]
-
-    def value(self, req: DraftRequest, d: Draft) -> float:
-        """What verifying the whole of draft `d` is worth."""
-        return self.values(req, len(d), tier=d.tier)[len(d)]
-
-    def best_value(self, req: DraftRequest) -> float:
-        """The most a draft of up to n_max tokens, counting its drafting cost, is worth."""
-        return max(self.values(req, req.n_max, self.relative_cost))
-
-    def _worth(self, req: DraftRequest, d: Draft) -> Draft:
-        """The draft cut to the length worth the most to verify (drafting is paid by now);
-        on this CPU the first extra row costs nearly a whole step, so a short, doubtful
-        draft is often worth less than none."""
-        if not d or req.cost is None:
-            return d
-        values = self.values(req, len(d), tier=d.tier)
-        best = max(range(1, len(values)), key=lambda k: (values[k], -k))
-        return _clip(d, best) if values[best] >= MIN_GAIN else Draft()
 
     def accept(self, slot: int, n_accepted: int) -> None:
         """The target kept n_accepted tokens of the slot's last draft."""
@@ -311,4 +276,4 @@ def _clip(d: Draft, n_max: int) -> Draft:
     if len(d) <= n_max:
         return d
     probs = d.probs[:n_max] if d.probs is not None else None
-    return Draft(list(d.tokens[:n_max]), probs, d.tier)
+    return Draft(list(d.tokens[:n_max]), probs, d.tier, d.source)

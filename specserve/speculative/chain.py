@@ -1,7 +1,7 @@
 """`chain`: several speculators; per slot and step, the draft worth the most is verified.
 
 llama.cpp's chain takes the first non-empty draft in a fixed order. Here every draft is
-scored by the tokens it is expected to yield per unit of cost (Speculator.value):
+scored by the tokens it is expected to yield per unit of cost (draft_length.py):
 
     value(k) = (1 + sum_{i < k} r_i) / (cost(k) + c * k)
 
@@ -63,11 +63,13 @@ class ChainSpeculator(Speculator):
             self._chosen.pop(r.slot, None)
         for child in self.children:
             costly = child.relative_cost > 0
-            asks = [r for r in requests if not costly or child.best_value(r) > best[r.slot][0]]
+            asks = [
+                r for r in requests if not costly or child.worth.best_value(r) > best[r.slot][0]
+            ]
             if not asks:
                 continue
             for req, d in zip(asks, child.draft(asks), strict=True):
-                value = child.value(req, d) if d else 0.0
+                value = child.worth.value(req, d) if d else 0.0
                 if value > best[req.slot][0]:
                     if req.slot in self._chosen:
                         self._chosen[req.slot].discard(req.slot)

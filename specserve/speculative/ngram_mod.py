@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specserve.speculative.base import Draft, DraftRequest, slot_state
-from specserve.speculative.ngram import Speculator, check_positive
+from specserve.speculative.base import Draft, DraftRequest, Speculator, slot_state
+from specserve.speculative.ngram import check_positive
 from specserve.speculative.tenants import PerTenant
 
 _MULT = 6364136223846793005  # llama.cpp's hash multiplier (Knuth's MMIX LCG constant)

@@ -1,6 +1,6 @@
 """How likely each position of a draft is to be kept: learnt per drafter, tier and slot.
 
-A drafter's rates decide whether a draft is worth verifying (Speculator.values). One
+A drafter's rates decide whether a draft is worth verifying (draft_length.py). One
 average per drafter judges a confident draft by the record of doubtful ones: the suffix
 drafter's drafts are kept far more often after a long match than after a 1-token one
 (figures: docs/perf/cost.md). So a drafter labels each draft with a `tier` (Draft.tier, its

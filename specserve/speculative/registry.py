@@ -14,8 +14,8 @@ from specserve.speculative.mtp import MtpSpeculator, MtpTarget
 # name -> "module:Class" of the drafters that need nothing but their defaults
 _SIMPLE = {
     "ngram-simple": "specserve.speculative.ngram:NgramSimple",
-    "ngram-map-k": "specserve.speculative.ngram:NgramMapK",
-    "ngram-map-k4v": "specserve.speculative.ngram:NgramMapK4V",
+    "ngram-map-k": "specserve.speculative.ngram_map:NgramMapK",
+    "ngram-map-k4v": "specserve.speculative.ngram_map:NgramMapK4V",
     "ngram-mod": "specserve.speculative.ngram_mod:NgramMod",
     "ngram-cache": "specserve.speculative.ngram_cache:NgramCacheSpeculator",
     "suffix": "specserve.speculative.suffix:SuffixSpeculator",

@@ -9,7 +9,8 @@ From those k + 1 rows and the draft, one slot keeps
 - a bonus token: when all k drafts are accepted, a token sampled from row k, for free.
 
 So every verification emits `accepted + 1` tokens and never changes what the target would
-have produced. Three rules (naming after vLLM's v1/sample/rejection_sampler.py):
+have produced. `verify` is the one entry point; it picks one of four rules (naming after
+vLLM's v1/sample/rejection_sampler.py):
 
 - greedy: accept while argmax(row i) == d_{i+1}; emit the argmax at the first mismatch.
 - sampled (drafts without probabilities, e.g. n-gram): sample every row from p with the
@@ -19,6 +20,9 @@ have produced. Three rules (naming after vLLM's v1/sample/rejection_sampler.py):
   Transformers via Speculative Decoding", arXiv 2211.17192): accept d_i with probability
   min(1, p(d_i) / q(d_i)); on rejection emit a sample from norm(max(p - q, 0)). Each
   emitted token is distributed exactly as p (the output *distribution* equals the target's).
+- constrained (a grammar the output follows, e.g. JSON mode): row i picks what plain
+  constrained decoding would pick in the grammar's state after d1..di, and the draft is
+  kept while the picks equal it; identical to decoding without drafts, as "sampled".
 
 Randomness is counter-based: the uniform a decision uses is a hash of (seed, absolute
 position of the token being decided, stream), never a draw from a stateful generator. So
@@ -26,7 +30,7 @@ the randomness behind the token at position t does not depend on the batch, on t
 length, or on how many random numbers were used before; this is what makes "sampled"
 verification reproduce non-speculative sampling token for token.
 
-This module sits in spec/ because spec/ never imports engine/; engine/sampling.py builds
+This module sits in speculative/, which never imports engine/; engine/sampling.py builds
 the target distributions and re-uses the primitives below for ordinary sampling.
 """
 
@@ -35,10 +39,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Protocol
 
 import numpy as np
 import torch
 
+from specserve.errors import SpecserveError
 from specserve.speculative.base import Draft
 
 
@@ -48,7 +54,7 @@ class Stream(IntEnum):
     SAMPLE = 0  # the target's own sample (the only stream non-speculative decoding uses)
     ACCEPT = 1  # the coin that accepts a draft token that came with draft probabilities
     RECOVER = 2  # the sample from norm(max(p - q, 0)) after such a token is rejected
-    RETRY = 3  # RETRY + r: constrained decoding's draw r after r disallowed draws
+    RETRY = 3  # constrained decoding's draw from the allowed tokens, after a disallowed one
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -116,7 +122,75 @@ class VerifyResult:
     tokens: list[int]
 
 
-# ---- one slot: the readable references ----------------------------------------------------
+# ---- the entry point ---------------------------------------------------------------------
+
+
+class Constraint(Protocol):
+    """The grammar a request's output follows, as verification and drafting ask it
+    (grammar/constraint.py, on llguidance). Questions are about the current state: the
+    output emitted so far (`feed`) and the tokens pushed on trial while a draft is judged
+    (`push`, taken back by `settle`)."""
+
+    def allows(self, token: int) -> bool:
+        """Whether `token` may come next."""
+        ...
+
+    def mask(self, size: int) -> torch.Tensor:
+        """[size] bool: every token that may come next."""
+        ...
+
+    def push(self, token: int) -> None:
+        """Move the state by an allowed token, on trial."""
+        ...
+
+    def settle(self) -> None:
+        """Take back the tokens pushed on trial."""
+        ...
+
+    def feed(self, tokens: Sequence[int]) -> None:
+        """Emitted tokens move the state."""
+        ...
+
+    def valid_prefix(self, draft: Sequence[int]) -> int:
+        """How many leading tokens of `draft` may come next."""
+        ...
+
+    def forced(self) -> list[int]:
+        """The tokens the grammar forces next, whatever the model would say."""
+        ...
+
+
+def verify(
+    logits: torch.Tensor,
+    draft: Draft,
+    *,
+    probs: torch.Tensor | None,
+    seed: int,
+    position: int,
+    constraint: Constraint | None = None,
+) -> VerifyResult:
+    """One slot's verification: every rule behind this one call.
+
+    logits: [k + 1, V] the target's rows for [last, d1..dk], penalised and biased.
+    probs: [k + 1, V] the distribution the request samples from (engine/sampling.py
+        `probs_from_logits`), or None for greedy.
+    seed, position: the request's seed and the absolute position of the first token this
+        step emits (row i decides position + i).
+    constraint: the grammar the output follows, if any.
+
+    Greedy without a constraint takes the argmax of the logits: what one-hot probs would
+    reduce every rule to (tested), without a softmax and a vocabulary-wide CDF per row.
+    """
+    if constraint is not None:
+        return verify_constrained(constraint, logits, probs, draft.tokens, seed, position)
+    if probs is None:
+        return verify_greedy(logits, draft.tokens)
+    if draft.probs is None:
+        return verify_sampled(probs, draft.tokens, seed, position)
+    return verify_rejection(probs, draft.tokens, draft.probs, seed, position)
+
+
+# ---- the rules --------------------------------------------------------------------------
 
 
 def argmax_rows(logits: torch.Tensor) -> list[int]:
@@ -194,17 +268,6 @@ def verify_rejection(
     return VerifyResult(k, [*draft, bonus])
 
 
-def verify_slot(target_probs: torch.Tensor, draft: Draft, seed: int, position: int) -> VerifyResult:
-    """One slot, the rule chosen by whether the draft carries probabilities.
-
-    target_probs: [k + 1, V]. A greedy slot passes one-hot rows (as `probs_from_logits`
-    gives for temperature 0): both rules then reduce exactly to `verify_greedy`.
-    """
-    if draft.probs is None:
-        return verify_sampled(target_probs, draft.tokens, seed, position)
-    return verify_rejection(target_probs, draft.tokens, draft.probs, seed, position)
-
-
 def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """max(p - q, 0) over [..., V]; rows left without mass (p == q up to rounding) fall back
     to p: rejection is then (almost) impossible, and p is the right limit."""
@@ -217,139 +280,61 @@ def _check_rows(rows: torch.Tensor, k: int) -> None:
         raise ValueError(f"need [k + 1, V] = [{k + 1}, V] target rows, got {tuple(rows.shape)}")
 
 
-# ---- many slots: the flat batched form ------------------------------------------------------
+# ---- constrained: the output follows a grammar --------------------------------------------
 
 
-@dataclass
-class FlatDrafts:
-    """All slots' drafts of one step, concatenated (vLLM's flat layout).
+def verify_constrained(
+    constraint: Constraint,
+    logits: torch.Tensor,
+    probs: torch.Tensor | None,
+    draft: Sequence[int],
+    seed: int,
+    position: int,
+) -> VerifyResult:
+    """Row i is judged in the grammar's state after d1..di (pushed on trial, taken back
+    after), the state plain decoding would be in there, and its pick depends only on its
+    row, that state and its position's randomness: so any draft (with probabilities too)
+    is verified exactly by comparing.
 
-    tokens: [D] int64, D = sum_b k_b; slot b owns tokens[cu[b]:cu[b + 1]].
-    cu: [B + 1] cumulative draft lengths, cu[0] = 0 (host-side metadata).
-    probs: [D, V] draft probabilities, or None when no slot has any; the rows of slots
-        without probabilities are zeros and are never read.
-    has_probs: [B] whether slot b's rows of `probs` are real.
-
-    The matching target rows are [D + B, V]: slot b owns rows cu[b] + b .. cu[b + 1] + b,
-    its k_b draft rows followed by its bonus row.
+    logits: [k + 1, V]; probs: their sampling distribution, None for greedy.
     """
-
-    tokens: torch.Tensor
-    cu: list[int]
-    probs: torch.Tensor | None
-    has_probs: list[bool]
-
-    @classmethod
-    def from_drafts(
-        cls, drafts: Sequence[Draft], device: torch.device | str | None = None
-    ) -> FlatDrafts:
-        cu = [0]
-        for d in drafts:
-            cu.append(cu[-1] + len(d))
-        tokens = torch.tensor([t for d in drafts for t in d.tokens], dtype=torch.long)
-        has_probs = [d.probs is not None for d in drafts]
-        for d in drafts:
-            if d.probs is not None and (d.probs.dim() != 2 or d.probs.shape[0] != len(d)):
-                raise ValueError(f"draft probs {tuple(d.probs.shape)} for a {len(d)}-token draft")
-        probs = None
-        with_probs = [d.probs for d in drafts if d.probs is not None]
-        if with_probs:
-            probs = torch.zeros(cu[-1], with_probs[0].shape[-1], dtype=with_probs[0].dtype)
-            for b, d in enumerate(drafts):
-                if d.probs is not None:
-                    probs[cu[b] : cu[b + 1]] = d.probs.to(probs)
-            probs = probs.to(device)
-        return cls(tokens.to(device), cu, probs, has_probs)
-
-    @property
-    def num_slots(self) -> int:
-        return len(self.cu) - 1
+    tokens: list[int] = []
+    try:
+        for i in range(len(draft) + 1):
+            p = None if probs is None else probs[i]
+            token = pick_constrained(constraint, logits[i], p, seed, position + i)
+            tokens.append(token)
+            if i == len(draft) or token != draft[i]:
+                break
+            constraint.push(token)
+    finally:
+        constraint.settle()
+    return VerifyResult(len(tokens) - 1, tokens)
 
 
-@dataclass
-class _RowLayout:
-    """Per target row its slot's seed and the position it decides ([D + B] each), and the
-    target row of each draft token ([D])."""
+def pick_constrained(
+    constraint: Constraint, row: torch.Tensor, p: torch.Tensor | None, seed: int, position: int
+) -> int:
+    """One row's token under the grammar (p: the row's distribution, None for greedy).
 
-    seeds: list[int]
-    positions: list[int]
-    draft_rows: list[int]
-
-    @classmethod
-    def of(cls, drafts: FlatDrafts, seeds: Sequence[int], positions: Sequence[int]) -> _RowLayout:
-        layout = cls([], [], [])
-        for b in range(drafts.num_slots):
-            k = drafts.cu[b + 1] - drafts.cu[b]
-            layout.seeds += [seeds[b]] * (k + 1)
-            layout.positions += range(positions[b], positions[b] + k + 1)
-            layout.draft_rows += range(drafts.cu[b] + b, drafts.cu[b + 1] + b)
-        return layout
-
-
-def verify_batch(
-    target_probs: torch.Tensor,
-    drafts: FlatDrafts,
-    seeds: Sequence[int],
-    positions: Sequence[int],
-) -> list[VerifyResult]:
-    """Verify every slot at once; equals `verify_slot` slot by slot (tested).
-
-    target_probs: [D + B, V] in the layout of `FlatDrafts` (greedy slots: one-hot rows).
-    seeds, positions: [B] each slot's seed and the absolute position of its first
-    emitted token. Returns one VerifyResult per slot; verdicts come back in one copy.
-    """
-    b_count, d_count = drafts.num_slots, drafts.cu[-1]
-    if len(seeds) != b_count or len(positions) != b_count:
-        raise ValueError(f"{b_count} slots, {len(seeds)} seeds, {len(positions)} positions")
-    if target_probs.dim() != 2 or target_probs.shape[0] != d_count + b_count:
-        raise ValueError(f"need [D + B, V] = [{d_count + b_count}, V] target rows")
-    layout = _RowLayout.of(drafts, seeds, positions)
-    u = position_uniforms(layout.seeds, layout.positions, Stream.SAMPLE, target_probs.device)
-    samples = sample_from_probs(target_probs, u)  # [D + B]
-    accepted, emitted = _judge_drafts(target_probs, drafts, samples, layout)
-    host = torch.cat([accepted.long(), emitted, samples]).tolist()
-    acc, emit, samp = host[:d_count], host[d_count : 2 * d_count], host[2 * d_count :]
-    tokens = drafts.tokens.tolist()
-    results = []
-    for b in range(b_count):
-        lo, hi = drafts.cu[b], drafts.cu[b + 1]
-        n = 0
-        while lo + n < hi and acc[lo + n]:
-            n += 1
-        last = emit[lo + n] if lo + n < hi else samp[hi + b]
-        results.append(VerifyResult(n, [*tokens[lo : lo + n], last]))
-    return results
-
-
-def _judge_drafts(
-    target_probs: torch.Tensor,
-    drafts: FlatDrafts,
-    samples: torch.Tensor,
-    layout: _RowLayout,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per draft token: accepted? ([D] bool) and the token to emit if it is not ([D] int64).
-
-    Without draft probabilities: the target's sample is the verdict and the replacement.
-    With them: the min(1, p/q) coin and a sample of the residual (Leviathan et al.).
-    """
-    device = target_probs.device
-    d = drafts.tokens.to(device)
-    rows = torch.tensor(layout.draft_rows, dtype=torch.long, device=device)
-    emitted = samples[rows]
-    accepted = emitted == d
-    slot_of = [b for b in range(drafts.num_slots) for _ in range(drafts.cu[b], drafts.cu[b + 1])]
-    judged = [j for j, b in enumerate(slot_of) if drafts.has_probs[b]]
-    if drafts.probs is None or not judged:
-        return accepted, emitted
-    idx = torch.tensor(judged, dtype=torch.long, device=device)
-    p = target_probs[rows[idx]].to(torch.float64)  # [R, V]
-    q = drafts.probs.to(device)[idx].to(torch.float64)  # [R, V]
-    tok = d[idx].unsqueeze(-1)
-    j_rows = [layout.draft_rows[j] for j in judged]
-    j_seeds = [layout.seeds[r] for r in j_rows]
-    j_positions = [layout.positions[r] for r in j_rows]
-    u = position_uniforms(j_seeds, j_positions, Stream.ACCEPT, device)
-    accepted[idx] = u * q.gather(-1, tok).squeeze(-1) < p.gather(-1, tok).squeeze(-1)
-    u = position_uniforms(j_seeds, j_positions, Stream.RECOVER, device)
-    emitted[idx] = sample_from_probs(_residual(p, q), u)
-    return accepted, emitted
+    The row picks as unconstrained decoding would, and only if the grammar forbids that
+    token is a vocabulary mask asked for: greedy then takes the allowed token of highest
+    score, sampling draws again from p restricted to the allowed tokens (stream RETRY).
+    A forbidden first draw and the masked redraw together give p(t) / p(allowed): exactly
+    the restricted distribution, and most rows pay one membership test, not a mask. With
+    no allowed mass (top-k / top-p left none) the allowed token of highest score."""
+    if p is None:
+        token = argmax_rows(row.unsqueeze(0))[0]
+    else:
+        token = _sample_row(p, seed, position, Stream.SAMPLE)
+    if constraint.allows(token):
+        return token
+    mask = constraint.mask(row.shape[-1]).to(row.device)
+    if p is not None:
+        kept = torch.where(mask, p.to(torch.float64), 0.0)
+        if kept.sum() > 0:
+            return _sample_row(kept, seed, position, Stream.RETRY)
+    token = int(torch.where(mask, row, float("-inf")).argmax())
+    if not constraint.allows(token):  # a dead end: no token of this vocabulary spells on
+        raise SpecserveError("the grammar allows no token of this vocabulary here")
+    return token

@@ -60,9 +60,9 @@ def test_a_tenant_drafts_from_its_own_earlier_requests_only(types: str) -> None:
     spec = engine.speculator
     assert spec is not None
     first = _run(engine, "a", prompt)
-    spec.rates, spec._explored = AcceptanceModel(), 0
+    spec.rates, spec.worth.explored = AcceptanceModel(), 0
     other = _run(engine, "b", prompt)
-    spec.rates, spec._explored = AcceptanceModel(), 0
+    spec.rates, spec.worth.explored = AcceptanceModel(), 0
     same = _run(engine, "a", prompt)
     assert first.output == other.output == same.output == fresh.output
     drafted = [(r.timings.draft_n, r.timings.draft_n_accepted) for r in (fresh, other, same)]

@@ -17,7 +17,8 @@ from specserve.loading.hugepages import (
     records_to_huge_pages,
 )
 from specserve.loading.model import load_model
-from specserve.models.layers.lowbit import FusedLowbit, LowbitCall
+from specserve.models.layers.lowbit import LowbitCall
+from specserve.models.layers.lowbit_fused import FusedLowbit
 from specserve.ops.cpu.build import problem
 from tests.tiny import VOCAB, make_hf_model
 from tests.tiny_gguf import write_gguf

@@ -14,8 +14,10 @@ from gguf.quants import dequantize
 
 from specserve.loading.model import load_model
 from specserve.loading.q4k import q4k_fields
-from specserve.models.layers.lowbit import Q4KLinear, int4_groups
+from specserve.models.layers.lowbit import Q4KLinear
 from specserve.ops.cpu.build import problem
+from specserve.ops.naive.lowbit import int4_groups
+from tests.models.lowbit_cases import record_values
 from tests.tiny import make_hf_model
 from tests.tiny_gguf import gguf_blocks, write_gguf
 
@@ -66,7 +68,7 @@ def test_q4k_records_hold_the_fields_and_compute_with_them() -> None:
     data = _rows(rows=20, seed=6)  # 20 outputs: a padded last tile
     fields = q4k_fields(data, 512)
     layer = Q4KLinear.from_fields(*fields, None)
-    for got, want in zip(layer.fields(), fields, strict=True):
+    for got, want in zip(record_values(layer), fields, strict=True):
         assert torch.equal(got.float(), want.float())
     computes_with(layer, _gguf_floats(data).view(20, 512))
     # min/max requantization of the same floats (the path before q4 took Q4_K's values) is
@@ -105,4 +107,4 @@ def test_q4_k_linears_load_as_their_own_blocks(arch: str, tmp_path: Path) -> Non
         want = _file_floats(path, name, arch, hf.config.num_attention_heads)
         assert torch.equal(dequant.weight.detach(), want)  # the float path, blocks streamed
         assert isinstance(got, Q4KLinear)  # v and up are float32 in the file: not fused
-        assert torch.equal(_weights(got.fields()), want)  # the file's own weights, exactly
+        assert torch.equal(_weights(record_values(got)), want)  # the file's own weights, exactly

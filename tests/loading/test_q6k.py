@@ -13,9 +13,11 @@ from gguf.quants import dequantize
 
 from specserve.loading.model import load_model
 from specserve.loading.q6k import q6k_groups
-from specserve.models.layers.lowbit import FusedLowbit, Q6KLinear
+from specserve.models.layers.lowbit import Q6KLinear
+from specserve.models.layers.lowbit_fused import FusedLowbit
 from specserve.ops.cpu.build import problem
 from tests.loading.test_q4k import _file_floats, computes_with
+from tests.models.lowbit_cases import record_values
 from tests.tiny import make_hf_model
 from tests.tiny_gguf import gguf_blocks, write_gguf
 
@@ -54,7 +56,7 @@ def test_the_records_hold_the_blocks_unrounded() -> None:
     data = _rows(rows=20, seed=3)  # 20 outputs: a padded last tile
     groups = q6k_groups(data, 512)
     layer = Q6KLinear.from_groups(*groups, None)
-    for got, want in zip(layer.blocks(), groups, strict=True):
+    for got, want in zip(record_values(layer), groups, strict=True):
         assert torch.equal(got, want)
     computes_with(layer, _gguf_floats(data).view(20, 512))
 
@@ -74,5 +76,5 @@ def test_q6_k_linears_load_as_their_own_blocks(arch: str, tmp_path: Path) -> Non
         want = _file_floats(path, name, arch, hf.config.num_attention_heads)
         assert torch.equal(ref.weight.detach(), want)  # the float path, blocks streamed
         assert isinstance(layer, Q6KLinear), name  # float32 neighbours: not fused
-        assert torch.equal(_values(*layer.blocks()), want), name  # the file's own weights
+        assert torch.equal(_values(*record_values(layer)), want), name  # the file's own weights
     assert not any(isinstance(m, FusedLowbit) for m in native.layers[0].attn.modules())

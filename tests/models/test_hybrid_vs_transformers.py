@@ -6,7 +6,8 @@ internally, so float32 is where the two can be compared closely. Our float32 CPU
 in other orders than torch's ops: RMSNorm, rotary and attention on ops/cpu kernels
 (pointwise.cpp, attention.cpp), and with oneDNN's pre-packed weights (the CPU default) the
 GEMMs too. Those are rounding differences of ~1e-7 per op; over the layers the logits
-differ by up to ~2e-5 (measured 1.6e-5 on F.linear): atol 3e-5 there, 5e-5 packed."""
+differ by a few 1e-5, how many depending on the CPU's GEMM kernels (docs/perf/quality.md):
+atol 5e-5 either way."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tests.tiny_hybrid import HYBRID_ARCHS, write_hybrid_folder
 
 PROMPT = 100
 DECODE = 8
-ATOL = {False: 3e-5, True: 5e-5}  # by prepack
+ATOL = {False: 5e-5, True: 5e-5}  # by prepack
 
 
 @pytest.mark.parametrize("prepack", [False, True])

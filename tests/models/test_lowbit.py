@@ -7,91 +7,28 @@ import pytest
 import torch
 
 from specserve.models.layers.lowbit import (
-    GROUP,
-    SUPER,
+    LowbitLinear,
     Q4KLinear,
     Q4Linear,
     Q5Linear,
     Q6KLinear,
     Q6Linear,
     Q8Linear,
-    int6_groups,
     kernel_isa,
-    q4_blocks,
-    q5_blocks,
-    q8_blocks,
 )
 from specserve.ops.cpu.build import problem
+from specserve.ops.naive.lowbit import (
+    GROUP,
+    int4_groups,
+    int5_groups,
+    int6_groups,
+    lowbit_linear,
+    q8_blocks,
+)
 from tests.isa import kernel_isas
+from tests.models.lowbit_cases import case, q4k_layer, q6k_groups, record_values, reference, twin
 
 pytestmark = pytest.mark.skipif(problem() is not None, reason=f"low-bit kernels: {problem()}")
-
-
-def _quantize_rows(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
-    """What the kernel does to x, written plainly: int8 with one scale per `group` inputs (a
-    layer's X_GROUP: 32, or 256 for q4k and q6k), round half to even; as blocks of 32, q
-    [M, K/32, 32] and each block's scale [M, K/32]."""
-    g = x.view(x.shape[0], -1, group)
-    amax = g.abs().amax(-1)
-    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
-    q = torch.round(g * inv[..., None])  # torch.round rounds half to even, as nearbyint does
-    per = group // GROUP
-    return q.view(x.shape[0], -1, GROUP), (amax / 127).repeat_interleave(per, dim=1)
-
-
-def _reference_q8(x: torch.Tensor, layer: Q8Linear) -> torch.Tensor:
-    """Exact integer block dot products, then scaled and summed in float64."""
-    qx, dx = _quantize_rows(x)
-    q, scale = layer.blocks()
-    n, k = q.shape
-    qw = q.view(n, k // GROUP, GROUP).double()
-    dots = torch.einsum("mbj,nbj->mnb", qx.double(), qw)  # integers, exact in float64
-    return (dots * dx.double()[:, None, :] * scale.double()[None]).sum(-1)
-
-
-def _q5_values(packed: torch.Tensor, fifth: torch.Tensor) -> torch.Tensor:
-    """[N, K/2] nibbles and [N, K/32, 32] fifth bits -> q [N, K/32, 32] in 0..31."""
-    nib = packed.view(packed.shape[0], -1, GROUP // 2).long()
-    return torch.cat([nib & 15, nib >> 4], dim=-1) + 16 * fifth.long()
-
-
-def _reference_low(x: torch.Tensor, layer: Q4Linear | Q5Linear) -> torch.Tensor:
-    qx, dx = _quantize_rows(x)
-    if isinstance(layer, Q5Linear):
-        q, fifth, scale, low = layer.blocks()
-        qw = _q5_values(q, fifth).double()
-    else:
-        q, scale, low = layer.blocks()
-        packed = q.view(q.shape[0], -1, GROUP // 2)
-        qw = torch.cat([packed & 15, packed >> 4], dim=-1).double()  # element i, then i + 16
-    dots = torch.einsum("mbj,nbj->mnb", qx.double(), qw)
-    xsum = (qx.sum(-1) * dx).double()  # what multiplies each block's low
-    scaled = dots * dx.double()[:, None, :] * scale.double()[None]
-    return (scaled + low.double()[None] * xsum[:, None, :]).sum(-1)
-
-
-def _reference_q6(x: torch.Tensor, layer: Q6Linear | Q6KLinear) -> torch.Tensor:
-    """Exact integer dots per 16 inputs times their sc, summed per block, then scaled."""
-    qx, dx = _quantize_rows(x, layer.X_GROUP)
-    q, d, sc = layer.blocks()
-    n, k = q.shape
-    qw = (q.double() - 32).view(n, k // GROUP, 2, GROUP // 2)
-    sub = torch.einsum("mbhj,nbhj->mnbh", qx.double().view(*qx.shape[:2], 2, -1), qw)
-    dots = (sub * sc.double().view(n, -1, 2)[None]).sum(-1)  # integers, exact
-    return (dots * dx.double()[:, None, :] * d.double()[None]).sum(-1)
-
-
-REFERENCES = {Q8Linear: _reference_q8, Q4Linear: _reference_low, Q5Linear: _reference_low}
-REFERENCES[Q6Linear] = _reference_q6
-
-
-def _case(n: int = 70, k: int = 160, m: int = 9) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(n * k + m)
-    return (
-        torch.randn(n, k, generator=g),
-        torch.randn(n, generator=g),
-        torch.randn(m, k, generator=g),
-    )
 
 
 def test_q8_blocks_give_gguf_q8_0_weights_back_exactly() -> None:
@@ -106,29 +43,29 @@ def test_q8_blocks_give_gguf_q8_0_weights_back_exactly() -> None:
     assert torch.equal(got_d, d)
 
 
-BLOCKS = {Q8Linear: q8_blocks, Q4Linear: q4_blocks, Q5Linear: q5_blocks, Q6Linear: int6_groups}
+BLOCKS = {Q8Linear: q8_blocks, Q4Linear: int4_groups, Q5Linear: int5_groups, Q6Linear: int6_groups}
 
 
-def test_q5_blocks_give_gguf_q5_0_weights_back_exactly() -> None:
+def test_int5_groups_give_gguf_q5_0_weights_back_exactly() -> None:
     # Q5_0: w = d * (q - 16), q in 0..31; the element of largest magnitude has q = 0
     g = torch.Generator().manual_seed(0)
     q = torch.randint(0, 32, (8, 4, GROUP), generator=g)
     q[..., 5] = 0
     d = ((torch.rand(8, 4, generator=g) - 0.5) * 0.02).half().float()  # either sign
     w = (d[..., None] * (q.float() - 16)).view(8, 4 * GROUP)
-    packed, fifth, scale, low = q5_blocks(w)
-    assert torch.equal(_q5_values(packed, fifth), q)
+    got, scale, low = int5_groups(w)
+    assert torch.equal(got.long().view_as(q), q)
     assert torch.equal(scale, d) and torch.equal(low, -16 * d)
 
 
 @pytest.mark.parametrize("cls", list(BLOCKS))
 def test_records_hold_the_blocks(cls: type) -> None:
     # 70 outputs: the last tile of 8 is padded with 2 zero outputs
-    w, _, _ = _case()
+    w, _, _ = case()
     layer = cls(w, None)
     want = BLOCKS[cls](w)
     assert layer.records.shape[0] == 9
-    for got, expected in zip(layer.blocks(), want, strict=True):
+    for got, expected in zip(record_values(layer), want, strict=True):
         assert torch.equal(got, expected)
 
 
@@ -144,7 +81,7 @@ def test_q6_extremes_wrap_16_bits_and_come_back_exact(level: int, isa: str) -> N
     layer = Q6Linear.from_groups(q, d, sc, None)
     x = torch.ones(3, k)
     x[1] = -1  # the sign of every product flips
-    got, ref = layer(x).double(), _reference_q6(x, layer)
+    got, ref = layer(x).double(), reference(x, layer)
     assert torch.allclose(got, ref, rtol=1e-6, atol=0), (got - ref).abs().max()
     assert ref.abs().min() > 0.5  # a real, large value, not a cancellation to zero
 
@@ -158,28 +95,28 @@ def test_q5_extremes_wrap_16_bits_and_come_back_exact(top: bool, isa: str) -> No
     if top:  # the block's largest |w| sits at q = 0, so d = -1 and every other q is 31
         w[:, ::GROUP] = 16.0
     layer = Q5Linear(w, None)
-    q = _q5_values(*layer.blocks()[:2])
+    q = record_values(layer)[0].view(n, -1, GROUP)
     assert (q[..., 1:] == (31 if top else 0)).all()
     x = torch.ones(3, k)
     x[1] = -1  # the sign of every product flips
-    got, ref = layer(x).double(), _reference_low(x, layer)
+    got, ref = layer(x).double(), reference(x, layer)
     assert torch.allclose(got, ref, rtol=1e-6, atol=0), (got - ref).abs().max()
     assert ref.abs().min() > 0.5  # a real, large value, not a cancellation to zero
 
 
-def test_q4_blocks_round_within_half_a_step() -> None:
-    w, _, _ = _case()
-    packed, scale, low = q4_blocks(w)
-    q = torch.cat([packed.view(70, -1, 16) & 15, packed.view(70, -1, 16) >> 4], dim=-1).float()
+def test_int4_groups_round_within_half_a_step() -> None:
+    w, _, _ = case()
+    q, scale, low = int4_groups(w)
+    q = q.view(70, -1, GROUP).float()
     back = (q * scale[..., None] + low[..., None]).view_as(w)
     assert ((back - w).abs().view(70, -1, GROUP) <= scale[..., None] / 2 + 1e-6).all()
 
 
 @pytest.mark.parametrize("cls", list(BLOCKS))
 def test_kernel_computes_the_quantized_arithmetic(cls: type, isa: str) -> None:
-    w, bias, x = _case()
+    w, bias, x = case()
     layer = cls(w, bias)
-    ref = REFERENCES[cls](x, layer) + bias.double()
+    ref = reference(x, layer)
     got = layer(x).double()
     assert torch.allclose(got, ref, rtol=1e-5, atol=1e-4), (got - ref).abs().max()
     # and the quantized product stays near the float one
@@ -189,12 +126,50 @@ def test_kernel_computes_the_quantized_arithmetic(cls: type, isa: str) -> None:
     )
 
 
+KINDS = [*BLOCKS, Q4KLinear, Q6KLinear]
+
+
+def _any_kind(cls: type) -> tuple[LowbitLinear, torch.Tensor]:
+    """A layer of kind `cls` over 70 outputs (a padded last tile) x 1024 inputs, and x [37, K]."""
+    w, bias, x = case(n=70, k=1024, m=37)
+    if cls is Q4KLinear:
+        return q4k_layer(n=70, k=1024), x
+    if cls is Q6KLinear:
+        return Q6KLinear.from_groups(*q6k_groups(70, 1024, seed=12), bias), x
+    return cls(w, bias), x
+
+
+@pytest.mark.parametrize("cls", KINDS)
+def test_kernel_gives_the_naive_twins_bits(cls: type, isa: str) -> None:
+    # the twin's float32 steps, rounded as the kernel rounds them and in its order
+    layer, x = _any_kind(cls)
+    assert torch.equal(layer(x), twin(x, layer))
+
+
+def _parts(names: str) -> list[LowbitLinear]:
+    """Linears that read one x: GGUF files mix kinds in one q/k/v (the 0.5B's q and k Q5_0,
+    v Q8_0; the 1.5B's q and k Q4_K, v Q6_K)."""
+    if names == "q4k-q6k":
+        return [q4k_layer(64, 1024, seed=3), Q6KLinear.from_groups(*q6k_groups(70, 1024, 5), None)]
+    w, bias, _ = case(n=64, k=1024)
+    return [Q5Linear(w, bias), Q8Linear(w[:16], None), Q6Linear(w[16:], bias[16:])]
+
+
+@pytest.mark.parametrize("names", ["q5-q8-q6", "q4k-q6k"])
+def test_a_call_over_parts_of_several_kinds_gives_the_twins_bits(names: str, isa: str) -> None:
+    from specserve.models.layers.lowbit_fused import FusedLowbit
+
+    fused = FusedLowbit(_parts(names))
+    x = case(n=70, k=1024, m=11)[2]
+    assert torch.equal(fused(x), lowbit_linear(x, *fused.parts(), fused.bias))
+
+
 @pytest.mark.parametrize("cls", list(BLOCKS))
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_row_does_not_depend_on_the_rows_beside_it(cls: type, threads: int, isa: str) -> None:
     # tiles are 8 outputs x up to 4 rows (AVX2) or 8 (VNNI); 70 outputs leave a padded tile
     # of 6; row counts cover every remainder of the row groups
-    w, bias, x = _case(m=70)
+    w, bias, x = case(m=70)
     layer = cls(w, bias)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -213,7 +188,7 @@ def test_a_row_does_not_depend_on_the_rows_beside_it(cls: type, threads: int, is
 
 
 def test_leading_dims_dtype_and_bad_shapes() -> None:
-    w, bias, x = _case(m=6)
+    w, bias, x = case(m=6)
     layer = Q8Linear(w, bias)
     assert torch.equal(layer(x.view(2, 3, -1)), layer(x).view(2, 3, -1))
     with pytest.raises(ValueError, match="divisible by 32"):
@@ -230,7 +205,7 @@ def test_leading_dims_dtype_and_bad_shapes() -> None:
 @pytest.mark.parametrize("cls", list(BLOCKS))
 def test_output_into_a_callers_buffer(cls: type) -> None:
     # the engine's logits buffer: the same bits, written in place, nothing else touched
-    w, bias, x = _case(m=5)
+    w, bias, x = case(m=5)
     layer = cls(w, bias)
     buf = torch.full((7, 70), float("nan"))
     y = layer.matmul(x, buf[:5])
@@ -241,7 +216,7 @@ def test_output_into_a_callers_buffer(cls: type) -> None:
 
 
 def test_zero_rows_and_all_zero_blocks() -> None:
-    w, _, x = _case(m=3)
+    w, _, x = case(m=3)
     x[1] = 0  # amax 0: the block's scale is 0, the row's output is exactly the bias
     layer = Q4Linear(w, torch.arange(70.0))
     y = layer(x)
@@ -252,7 +227,7 @@ def test_zero_rows_and_all_zero_blocks() -> None:
 def test_fused_q_k_v_and_gate_up_give_the_same_bits() -> None:
     from torch import nn
 
-    from specserve.models.layers.lowbit import FusedPart, fuse_lowbit
+    from specserve.models.layers.lowbit_fused import FusedPart, fuse_lowbit
 
     g = torch.Generator().manual_seed(3)
 
@@ -309,17 +284,11 @@ def test_fused_q_k_v_and_gate_up_give_the_same_bits() -> None:
 
 
 @pytest.mark.skipif(len(kernel_isas()) < 2, reason="this CPU has only AVX2: one instruction set")
-@pytest.mark.parametrize("cls", [*BLOCKS, Q4KLinear, Q6KLinear])
+@pytest.mark.parametrize("cls", KINDS)
 def test_every_instruction_set_gives_the_same_bits(cls: type) -> None:
     # the VNNI dots are the same integers (q8 by way of x + 128, q6 and q4k's sub-scales by
     # 32-bit multiplies) and the float steps shared
-    w, bias, x = _case(n=70, k=1024, m=37)
-    if cls is Q4KLinear:
-        layer = _q4k_layer(n=70, k=1024)
-    elif cls is Q6KLinear:
-        layer = Q6KLinear.from_groups(*_q6k_groups(70, 1024, seed=12), bias)
-    else:
-        layer = cls(w, bias)
+    layer, x = _any_kind(cls)
     got = {}
     try:
         for name in kernel_isas():
@@ -348,138 +317,3 @@ def test_the_environment_can_ask_for_avx2() -> None:
     env = {**os.environ, "SPECSERVE_CPU_ISA": "avx2"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "avx2", out.stderr
-
-
-def _q4k_layer(n: int = 70, k: int = 512, seed: int = 0, bias: bool = True) -> Q4KLinear:
-    """Random GGUF Q4_K fields (every q level, 6-bit sc and m) as a q4k layer."""
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 16, (n, k), generator=g)
-    sc, m = (torch.randint(0, 64, (n, k // GROUP), generator=g) for _ in range(2))
-    d, dmin = ((torch.rand(n, k // 256, generator=g) * 1e-3).half().float() for _ in range(2))
-    b = torch.randn(n, generator=g) if bias else None
-    return Q4KLinear.from_fields(q, sc, m, d, dmin, b)
-
-
-def _reference_q4k(x: torch.Tensor, layer: Q4KLinear) -> torch.Tensor:
-    """Exact integer block dots times sc, then d, dmin * m and x's block sums, in float64."""
-    qx, dx = _quantize_rows(x, SUPER)
-    q, sc, m, d, dmin = (t.double() for t in layer.fields())
-    n, k = q.shape
-    dots = torch.einsum("mbj,nbj->mnb", qx.double(), q.view(n, k // GROUP, GROUP))
-    per_block = [t.repeat_interleave(8, dim=1) for t in (d, dmin)]  # [N, K/32]
-    scaled = dots * (per_block[0] * sc)[None] * dx.double()[:, None, :]
-    low = (per_block[1] * m)[None] * (qx.sum(-1) * dx).double()[:, None, :]
-    bias = layer.bias.double() if layer.bias is not None else 0
-    return (scaled - low).sum(-1) + bias
-
-
-def test_q4k_records_hold_the_fields() -> None:
-    layer = _q4k_layer(n=70, k=512)
-    assert layer.records.shape == (9, 2, 1184)  # 70 outputs: a padded last tile
-    again = Q4KLinear.from_fields(*layer.fields(), None)
-    assert torch.equal(again.records, layer.records)
-    with pytest.raises(RuntimeError, match=r"records must be uint8 \[ceil\(N/8\), K/256, 1184\]"):
-        layer.kernels.lowbit_linear(torch.randn(2, 256), [layer.records], [4], [70], None, None)
-
-
-def test_q4k_kernel_computes_the_quantized_arithmetic(isa: str) -> None:
-    layer = _q4k_layer()
-    x = torch.randn(9, 512, generator=torch.Generator().manual_seed(1))
-    got, ref = layer(x).double(), _reference_q4k(x, layer)
-    assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5), (got - ref).abs().max()
-
-
-@pytest.mark.parametrize("threads", [1, 2])
-def test_q4k_rows_do_not_depend_on_the_rows_beside_them(threads: int, isa: str) -> None:
-    layer = _q4k_layer()
-    x = torch.randn(70, 512, generator=torch.Generator().manual_seed(2))
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        full = layer(x)
-        for m in (1, 2, 3, 4, 5, 7, 8, 13, 33):
-            for start in (0, 1, 70 - m):
-                assert torch.equal(layer(x[start : start + m]), full[start : start + m]), (m, start)
-    finally:
-        torch.set_num_threads(before)
-
-
-def test_q4k_fuses_with_other_kinds() -> None:
-    # the 1.5B's attention: q and k Q4_K, v Q6_K, one call
-    from torch import nn
-
-    from specserve.models.layers.lowbit import fuse_lowbit
-
-    attn = nn.Module()
-    attn.q, attn.k = _q4k_layer(64, 256, seed=3), _q4k_layer(16, 256, seed=4, bias=False)
-    attn.v = Q6KLinear.from_groups(*_q6k_groups(16, 256, seed=5), None)
-    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(6))
-    before = [attn.q(x), attn.k(x), attn.v(x)]
-    assert fuse_lowbit(attn) == 1
-    for got, want in zip([attn.q(x), attn.k(x), attn.v(x)], before, strict=True):
-        assert torch.equal(got, want)
-
-
-def _q6k_groups(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Random GGUF Q6_K values: q 0..63, int8 sc per 16 (either sign), d one float16 value
-    per 256 inputs, repeated per block of 32 (as loading/q6k.py gives them)."""
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 64, (n, k), generator=g, dtype=torch.int32)
-    sc = torch.randint(-128, 128, (n, k // 16), generator=g).to(torch.int8)
-    d = (torch.rand(n, k // 256, 1, generator=g) * 1e-3).half().float()
-    return q, d.expand(-1, -1, 256 // GROUP).reshape(n, k // GROUP), sc
-
-
-def test_q6k_records_hold_the_values_in_fewer_bytes() -> None:
-    groups = _q6k_groups(70, 1024, seed=7)
-    layer, q6 = Q6KLinear.from_groups(*groups, None), Q6Linear.from_groups(*groups, None)
-    assert layer.records.shape == (9, 4, 1680)  # d once per 256 inputs: 0.820 bytes a weight
-    assert layer.records.numel() / q6.records.numel() == 1680 / (8 * 224)
-    for got, want in zip(layer.blocks(), groups, strict=True):
-        assert torch.equal(got, want)
-    q, d, sc = groups
-    d = d.clone()
-    d[0, 1] *= 2  # a block of 32 whose d is not its super-block's
-    with pytest.raises(ValueError, match="one value per 256 inputs"):
-        Q6KLinear.from_groups(q, d, sc, None)
-
-
-def test_q6k_kernel_computes_the_quantized_arithmetic(isa: str) -> None:
-    # q6's steps on x scaled per 256 inputs, the 8 block dots summed before d
-    groups = _q6k_groups(70, 1024, seed=8)
-    bias = torch.randn(70, generator=torch.Generator().manual_seed(9))
-    layer = Q6KLinear.from_groups(*groups, bias)
-    x = torch.randn(9, 1024, generator=torch.Generator().manual_seed(10))
-    got, ref = layer(x).double(), _reference_q6(x, layer) + bias.double()
-    assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5), (got - ref).abs().max()
-
-
-@pytest.mark.parametrize("threads", [1, 2])
-def test_q6k_rows_do_not_depend_on_the_rows_beside_them(threads: int, isa: str) -> None:
-    layer = Q6KLinear.from_groups(*_q6k_groups(70, 1024, seed=8), None)
-    x = torch.randn(37, 1024, generator=torch.Generator().manual_seed(10))
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        full = layer(x)
-        for m in (1, 2, 3, 4, 5, 7, 8, 9, 16):
-            for start in (0, 1, 37 - m):
-                assert torch.equal(layer(x[start : start + m]), full[start : start + m]), (m, start)
-    finally:
-        torch.set_num_threads(before)
-
-
-def test_x_scaled_per_256_and_per_32_do_not_share_a_call() -> None:
-    # q4k/q6k want x scaled per 256 inputs, the block kinds per 32: fuse_lowbit keeps them
-    # apart, and the kernel refuses a call that mixes them
-    from torch import nn
-
-    from specserve.models.layers.lowbit import fuse_lowbit
-
-    mlp = nn.Module()
-    mlp.gate, mlp.up = _q4k_layer(64, 256, seed=11), Q8Linear(torch.randn(64, 256), None)
-    assert fuse_lowbit(mlp) == 0
-    with pytest.raises(RuntimeError, match="q4k and q6k .* cannot share a call with q8"):
-        mlp.up.kernels.lowbit_linear(
-            torch.randn(2, 256), [mlp.gate.records, mlp.up.records], [4, 0], [64, 64], None, None
-        )

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from specserve.batch import FlatBatch
 from specserve.cache.kv import KVCache
 from specserve.loading.model import linear_modes, load_model
-from specserve.models.layers.lowbit import FusedPart, LowbitLinear, int4_groups
+from specserve.models.layers.lowbit import LowbitLinear
+from specserve.models.layers.lowbit_fused import FusedPart
 from specserve.models.layers.quant import (
     GROUP,
     Int4Linear,
@@ -20,6 +21,7 @@ from specserve.models.layers.quant import (
     quantize_linear,
 )
 from specserve.ops.cpu.build import problem
+from specserve.ops.naive.lowbit import int4_groups
 from tests.tiny import VOCAB, make_hf_model
 from tests.tiny_gguf import write_gguf
 

@@ -8,10 +8,11 @@ import json
 
 import pytest
 
-from specserve.engine.constrain import JsonConstraint
 from specserve.engine.request import Request, SpecParams
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.setup import EngineSettings, build_engine
+from specserve.grammar.constraint import build_constraint
+from specserve.grammar.formats import Grammar
 from specserve.server.tools import split
 
 WEATHER = {
@@ -51,7 +52,6 @@ def test_json_mode_reply_parses_with_speculation_or_not_qwen05(qwen05_auto, real
     tok = qwen05_auto.tokenizer
     ask = "Describe Paris as a JSON object with keys name, country and population."
     prompt = tok.chat([{"role": "user", "content": ask}])
-    table = tok.token_table(qwen05_auto.cfg.vocab_size)
     outputs = []
     for types in ((), ("ngram-map-k", "suffix")):
         settings = EngineSettings(ctx_size=len(prompt) + 96, spec_types=types)
@@ -59,7 +59,9 @@ def test_json_mode_reply_parses_with_speculation_or_not_qwen05(qwen05_auto, real
         engine.cost.measure = False  # drafts by the fixed prior: verified on a busy machine too
         params = SamplingParams(temperature=0, max_tokens=80)
         req = Request(prompt, params, SpecParams(n_max=16), stop_ids=tok.eog_ids)
-        req.constraint = JsonConstraint(table, tok.eog_ids)
+        req.constraint = build_constraint(
+            tok, qwen05_auto.cfg.vocab_size, Grammar("json_object", None)
+        )
         engine.generate([req])
         outputs.append(req.output)
     assert engine.speculator is not None and engine.speculator.stats.tokens_accepted > 0

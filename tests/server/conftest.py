@@ -89,6 +89,7 @@ def start_server(
     api_key: str | None = None,
     spec_types: tuple[str, ...] = (),
     limits: TransportLimits | None = None,
+    webui: bool = True,
 ) -> LiveServer:
     """A server on a free 127.0.0.1 port; the model's weights are shared between servers.
 
@@ -99,6 +100,7 @@ def start_server(
     spec = SpecParams(n_max=16 if spec_types else 0)
     config = ServerConfig(MODEL_ID, api_key=api_key, spec_types=spec_types, spec_defaults=spec)
     config.transport = limits or config.transport
+    config.webui = webui
     app = build_app(loop, loaded.tokenizer, config)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))  # the kernel picks a free port; no race with other tests

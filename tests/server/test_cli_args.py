@@ -61,9 +61,10 @@ def test_built_server_follows_the_flags(tiny_folder: Path) -> None:
     loop, cfg, _ = build_server(args)
     assert (loop.num_slots, loop.engine.runner.memory.max_len, cfg.model_id) == (3, 128, "t")
     assert loop.engine.speculator is not None
-    assert cfg.spec_types == ("ngram-map-k", "suffix", "prediction")
-    loop, cfg, _ = build_server(parse("--model", str(tiny_folder), "--spec-type", "none"))
-    assert loop.engine.speculator is None and cfg.spec_defaults.n_max == 0
+    assert cfg.spec_types == ("ngram-map-k", "suffix", "prediction") and cfg.webui
+    argv = ("--model", str(tiny_folder), "--spec-type", "none", "--no-webui")
+    loop, cfg, _ = build_server(parse(*argv))
+    assert loop.engine.speculator is None and cfg.spec_defaults.n_max == 0 and not cfg.webui
 
 
 @pytest.mark.parametrize(

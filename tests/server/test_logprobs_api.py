@@ -13,8 +13,8 @@ from specserve.engine.logprobs import TokenLogprob
 from specserve.engine.request import Request
 from specserve.engine.sampling import SamplingParams
 from specserve.loading.model import LoadedModel
-from specserve.server.generate import _run
 from specserve.server.loop import Event
+from specserve.server.runs import text_run
 from specserve.server.text import TextStream
 from tests.server.conftest import MODEL_ID, LiveServer, chat_text
 from tests.server.test_openai_api import HELLO, client
@@ -169,7 +169,7 @@ def test_a_stop_string_inside_a_step_ends_the_tokens_at_its_own(tiny_model: Load
     handle = _Steps(["a", "bc|de", "f"])
 
     async def run() -> list:
-        return [x async for x in _run(handle, TextStream(tok.decode, ["c|"]), tok)]  # type: ignore[arg-type]
+        return [x async for x in text_run(handle, TextStream(tok.decode, ["c|"]), tok)]  # type: ignore[arg-type]
 
     *deltas, fin = asyncio.run(run())
     assert "".join(d.text for d in deltas) == "ab"

@@ -227,7 +227,7 @@ BAD_INPUTS = {
         CHAT,
         {"messages": HELLO, "response_format": {"type": "json_schema", "json_schema": {}}},
         400,
-        "response_format 'json_schema' is not supported (JSON mode is: json_object)",
+        "response_format: json_schema needs a schema object",
     ),
     "tools-without-a-tool-template": (
         CHAT,

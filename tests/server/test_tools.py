@@ -148,7 +148,15 @@ def test_tools_reach_the_prompt_and_a_reply_without_calls_is_content(tooled: Liv
 
 
 TOOL_ERRORS = {
-    "forced-choice": ({"tool_choice": "required"}, "tool_choice 'required' is not supported"),
+    "unknown-choice": ({"tool_choice": "sometimes"}, 'tool_choice is "none", "auto"'),
+    "unknown-named-tool": (
+        {"tool_choice": {"type": "function", "function": {"name": "rm"}}},
+        "tool_choice names a tool",
+    ),
+    "format-beside-tools": (
+        {"response_format": {"type": "json_object"}},
+        "response_format and tools together",
+    ),
     "not-a-function": ({"tools": [{"type": "function"}]}, "each tool must be"),
 }
 
@@ -190,23 +198,27 @@ def test_streamed_calls_are_chunks_with_an_index_and_the_reply_is_null_content()
     from specserve.server import choices, streams
 
     ids = streams.Ids("chatcmpl-x", MODEL_ID)
-    text, calls = split(f"<tool_call>{CALL}</tool_call><tool_call>{CALL}</tool_call>", NAMES)
-    fin = Finish("tool_calls", 1, 2, {})
+    handle = _Replies([f"<tool_call>{CALL}</tool_call>", f"<tool_call>{CALL}</tool_call>"])
 
-    async def run() -> AsyncIterator[Delta | Finish]:
-        yield Delta(text, None, calls[:1])
-        yield Delta("", None, calls[1:])
-        yield fin
+    async def run() -> list:
+        return [x async for x in with_calls(handle.run(), NAMES)]
+
+    items = asyncio.run(run())
+    *deltas, fin = items
 
     async def sse() -> list[str]:
-        runs = choices.merged([run()])
+        async def again() -> AsyncIterator[Delta | Finish]:
+            for item in items:
+                yield item
+
+        runs = choices.merged([again()])
         return [line async for line in streams.chat(ids, runs, 1, include_usage=False)]
 
     chunks = [json.loads(c[len("data: ") :]) for c in asyncio.run(sse()) if "[DONE]" not in c]
     sent = [d for c in chunks for d in c["choices"][0]["delta"].get("tool_calls", [])]
-    assert [(d["index"], d["id"], d["function"]["name"]) for d in sent] == [
-        (n, c.id, "get_weather") for n, c in enumerate(calls)
-    ]
+    calls = [c for d in deltas for c in d.calls]
+    starts = [(d["index"], d["id"], d["function"]["name"]) for d in sent if "id" in d]
+    assert starts == [(n, c.id, "get_weather") for n, c in enumerate(calls)]
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
-    whole = streams.chat_completion(ids, [(Delta(text, None, calls), fin)])["choices"][0]
+    whole = streams.chat_completion(ids, [(Delta.join(deltas), fin)])["choices"][0]
     assert whole["message"]["content"] is None and len(whole["message"]["tool_calls"]) == 2

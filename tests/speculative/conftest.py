@@ -1,6 +1,8 @@
-"""The tiny float64 target the speculation exactness tests share."""
+"""The tiny float64 target (and a close draft model) the speculation exactness tests share."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -15,3 +17,14 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> torch.nn.Module:
     folder = tmp_path_factory.mktemp("target")
     write_hf_folder("qwen2", folder, seed=11)
     return load_model(folder, dtype="float64").model
+
+
+@pytest.fixture(scope="session")
+def close_draft(target):  # noqa: ANN001, ANN201
+    """The target with a little noise in every weight: agrees often, not always."""
+    draft = copy.deepcopy(target)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.25 * p.std())
+    return draft

@@ -6,9 +6,10 @@ from collections.abc import Sequence
 
 import pytest
 
-from specserve.speculative.base import EXPLORE, Draft, DraftRequest, Speculator
+from specserve.speculative.base import Draft, DraftRequest, Speculator
 from specserve.speculative.chain import ChainSpeculator
 from specserve.speculative.cost import HORIZON, KEEP, MIN_SAMPLES, PRIOR_PER_ROW, ForwardCost
+from specserve.speculative.draft_length import EXPLORE
 
 
 class Fixed(Speculator):
@@ -115,7 +116,7 @@ def test_draft_cut_to_the_length_worth_verifying() -> None:
     # the first row costs 0.9 steps, later rows 0.1: only the kept token is worth it
     steep = [1.0, 1.9, 2.0, 2.1, 2.2]
     (d,) = spec.draft([DraftRequest(0, [0], 4, cost=steep)])
-    assert d.tokens == [1]
+    assert (d.tokens, d.source) == ([1], "fixed")  # cut, still named by its drafter
     spec.accept(0, 1)
     # a slot whose drafts all miss gets no draft at all when a row costs nearly a step
     teach(spec, slot=1, n_accepted=0, times=30)
@@ -160,7 +161,7 @@ def test_chain_verifies_the_draft_worth_most_and_credits_its_drafter() -> None:
     teach(short, slot=0, n_accepted=0, times=10)
     chain = ChainSpeculator([short, long_])
     (d,) = chain.draft([DraftRequest(0, [0], 4, cost=[1.0, 1.2, 1.4, 1.6, 1.8])])
-    assert d.tokens == [1, 2, 3, 4]
+    assert (d.tokens, d.source) == ([1, 2, 3, 4], "long")  # the child's type, not "chain"
     before = long_.stats.tokens_accepted
     chain.accept(0, 4)
     assert long_.stats.tokens_accepted == before + 4

@@ -9,15 +9,14 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from specserve.speculative import ngram, ngram_mod
+from specserve.speculative import ngram, ngram_map, ngram_mod
 from specserve.speculative.base import DraftRequest, Speculator
-from specserve.speculative.ngram import (
+from specserve.speculative.ngram import NgramSimple, ngram_simple_draft
+from specserve.speculative.ngram_map import (
     NgramMapK,
     NgramMapK4V,
-    NgramSimple,
     ngram_map_k4v_draft,
     ngram_map_k_draft,
-    ngram_simple_draft,
 )
 from specserve.speculative.ngram_mod import (
     NgramHashTable,
@@ -36,7 +35,9 @@ def periodic(block: int, length: int, seed: int = 0) -> list[int]:
     return (unit * (length // block + 1))[:length]
 
 
-@pytest.mark.parametrize("module", [ngram, ngram_mod], ids=lambda m: m.__name__.split(".")[-1])
+@pytest.mark.parametrize(
+    "module", [ngram, ngram_map, ngram_mod], ids=lambda m: m.__name__.split(".")[-1]
+)
 def test_docstring_examples(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0

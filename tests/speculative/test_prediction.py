@@ -118,3 +118,31 @@ def test_vectorised_realignment_equals_the_readable_rule(seed: int) -> None:
     after = rng.randrange(0, 70)
     got = _realign(np.asarray(predicted, dtype=np.int64), recent, after)
     assert got == _realign_reference(predicted, recent, after)
+
+
+def test_step_outputs_name_the_drafter_of_their_accepted_tokens(target) -> None:  # noqa: ANN001
+    """Each step says how many of its tokens, from the first, were accepted drafts and whose:
+    in a chain, the prediction's where the request sent one, n-grams' or suffixes' where
+    it did not; a step cut short by max_tokens counts only the drafts it kept."""
+    prompts = [random_tokens(s, 40, VOCAB) for s in (3, 4)]
+    reference, _ = _run(target, None, prompts, [[], []])
+    spec = build_speculator(["ngram-map-k", "suffix", "prediction"])
+    engine = Engine(ModelRunner(target, num_slots=2, max_len=256), spec)
+    params = SamplingParams(temperature=0, max_tokens=N_TOKENS)
+    reqs = [Request(p, params, SpecParams(n_max=16)) for p in prompts]
+    reqs[0].prediction = reference[0]
+    for req in reqs:
+        engine.add_request(req)
+    drafted: dict[int, list[tuple[int, str]]] = {r.id: [] for r in reqs}
+    while engine.has_work():
+        for out in engine.step():
+            assert 0 <= out.drafted <= len(out.tokens) and bool(out.drafted) == bool(out.drafted_by)
+            drafted[out.request.id].append((out.drafted, out.drafted_by))
+    predicted, alone = (drafted[r.id] for r in reqs)
+    assert {by for n, by in predicted if n} == {"prediction"}
+    others = {by for n, by in alone if n}
+    assert others and others <= {"ngram-map-k", "suffix"}
+    for req, steps in zip(reqs, (predicted, alone), strict=True):
+        kept = sum(n for n, _ in steps)
+        assert kept <= req.timings.draft_n_accepted <= kept + 16
+    assert sum(n for n, _ in predicted) > N_TOKENS // 2

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from specserve.speculative.base import MIN_GAIN, Draft, DraftRequest, Speculator
+from specserve.speculative.base import Draft, DraftRequest, Speculator
+from specserve.speculative.draft_length import MIN_GAIN
 from specserve.speculative.rates import TIER_PRIOR, AcceptanceModel
 from specserve.speculative.suffix import SuffixSpeculator, _tier
 
@@ -73,7 +74,7 @@ def test_drafts_cut_for_cost_still_teach_until_they_are_worth_verifying() -> Non
     assert 0 < verified < 15
     # the statistics count verified drafts only
     assert spec.stats.drafts_generated == sum(n > 0 for n in got)
-    assert spec.values(DraftRequest(0, truth, 2, cost=cost), 2, tier=3)[2] >= MIN_GAIN
+    assert spec.worth.values(DraftRequest(0, truth, 2, cost=cost), 2, tier=3)[2] >= MIN_GAIN
 
 
 def test_a_doubtful_tier_is_cut_where_a_sure_one_is_verified() -> None:
@@ -82,8 +83,8 @@ def test_a_doubtful_tier_is_cut_where_a_sure_one_is_verified() -> None:
         spec.rates.learn(1, tier=3, n_kept=2, n_proposed=2)
         spec.rates.learn(1, tier=5, n_kept=0, n_proposed=2)
     req = DraftRequest(0, [0], 2, cost=[1.0, 1.3, 1.6])
-    assert spec._worth(req, Draft([1, 2], tier=3)).tokens == [1, 2]
-    assert spec._worth(req, Draft([1, 2], tier=5)).tokens == []
+    assert spec.worth.cut_length(req, Draft([1, 2], tier=3)) == 2  # verified whole
+    assert spec.worth.cut_length(req, Draft([1, 2], tier=5)) == 0  # not at all
 
 
 def test_suffix_drafts_carry_the_length_of_their_match_as_tier() -> None:

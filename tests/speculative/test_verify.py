@@ -10,16 +10,14 @@ import torch
 from specserve.engine.sampling import sample
 from specserve.speculative.base import Draft
 from specserve.speculative.verify import (
-    FlatDrafts,
     Stream,
     VerifyResult,
     position_uniforms,
     sample_from_probs,
-    verify_batch,
+    verify,
     verify_greedy,
     verify_rejection,
     verify_sampled,
-    verify_slot,
 )
 
 V = 8
@@ -66,8 +64,9 @@ def test_one_hot_rows_reduce_every_rule_to_greedy(
     """Greedy slots reach verify as one-hot rows; both stochastic rules must then be greedy."""
     gen = torch.Generator().manual_seed(0)
     probs = random_probs(len(draft), gen) if with_probs else None
+    rows = one_hot(targets)
     for seed in range(20):
-        got = verify_slot(one_hot(targets), Draft(draft, probs), seed=seed, position=11)
+        got = verify(rows, Draft(draft, probs), probs=rows, seed=seed, position=11)
         assert got == VerifyResult(accepted, tokens)
 
 
@@ -128,25 +127,6 @@ def test_sampled_verification_equals_plain_decoding(seed: int):
     assert accepted > 10 and rejected > 2  # the drafts really were partly kept
 
 
-def test_batched_sampled_verification_equals_plain_decoding():
-    """Several slots with different seeds, prompts and draft lengths, verified together."""
-    prompts = [[1], [2, 2], [5, 0, 7], [6]]
-    seeds = [11, 12, 13, 11]
-    n = 30
-    truths = [p + decode_plain(p, s, n) for p, s in zip(prompts, seeds, strict=True)]
-    gen = torch.Generator().manual_seed(99)
-    contexts = [list(p) for p in prompts]
-    while any(len(c) < len(t) for c, t in zip(contexts, truths, strict=True)):
-        drafts = [oracle_draft(c, t, gen) for c, t in zip(contexts, truths, strict=True)]
-        rows = torch.cat([target_rows(c, d) for c, d in zip(contexts, drafts, strict=True)])
-        flat = FlatDrafts.from_drafts([Draft(d) for d in drafts])
-        results = verify_batch(rows, flat, seeds, [len(c) for c in contexts])
-        for c, r in zip(contexts, results, strict=True):
-            c += r.tokens
-    for c, t in zip(contexts, truths, strict=True):
-        assert c[: len(t)] == t
-
-
 # ---- drafts with probabilities: rejection sampling ----------------------------------------
 
 
@@ -163,11 +143,9 @@ def test_rejection_sampling_emits_the_target_distribution():
     b, k = 100_000, 2
     gen = torch.Generator().manual_seed(1234)
     p, q = random_probs(1, gen)[0], random_probs(1, gen)[0]
-    draft = torch.multinomial(q.expand(b, V), k, replacement=True, generator=gen)  # [B, k]
-    flat = FlatDrafts(
-        draft.reshape(-1), list(range(0, b * k + 1, k)), q.expand(b * k, V), [True] * b
-    )
-    results = verify_batch(p.expand(b * (k + 1), V), flat, list(range(b)), [0] * b)
+    draft = torch.multinomial(q.expand(b, V), k, replacement=True, generator=gen).tolist()
+    rows, draft_rows = p.expand(k + 1, V), q.expand(k, V)
+    results = [verify_rejection(rows, draft[s], draft_rows, seed=s, position=0) for s in range(b)]
 
     first = torch.tensor([r.tokens[0] for r in results])
     assert_follows(first, p)
@@ -197,7 +175,7 @@ def assert_far(tokens: torch.Tensor, q: torch.Tensor) -> None:
     assert ((freq - q).abs() > tolerance(q, len(tokens))).any()
 
 
-# ---- batched form == per-slot reference; reproducibility ----------------------------------
+# ---- reproducibility ---------------------------------------------------------------------
 
 
 def random_batch(gen: torch.Generator, slots: int) -> tuple[list[Draft], torch.Tensor]:
@@ -215,43 +193,19 @@ def random_batch(gen: torch.Generator, slots: int) -> tuple[list[Draft], torch.T
 def verify_each(
     drafts: list[Draft], target: torch.Tensor, seeds: list[int], positions: list[int]
 ) -> list[VerifyResult]:
-    """The per-slot reference applied slot by slot."""
+    """Every slot verified on its own rows of `target`."""
     out, row = [], 0
     for d, s, pos in zip(drafts, seeds, positions, strict=True):
-        out.append(verify_slot(target[row : row + len(d) + 1], d, s, pos))
+        rows = target[row : row + len(d) + 1]
+        out.append(verify(rows, d, probs=rows, seed=s, position=pos))
         row += len(d) + 1
     return out
-
-
-@pytest.mark.parametrize("batch_seed", range(5))
-def test_batch_equals_per_slot_reference(batch_seed: int):
-    gen = torch.Generator().manual_seed(batch_seed)
-    drafts, target = random_batch(gen, slots=12)
-    seeds = torch.randint(0, 2**62, (12,), generator=gen).tolist()
-    positions = torch.randint(0, 5000, (12,), generator=gen).tolist()
-    got = verify_batch(target, FlatDrafts.from_drafts(drafts), seeds, positions)
-    assert got == verify_each(drafts, target, seeds, positions)
-    for r, d in zip(got, drafts, strict=True):
-        assert len(r.tokens) == r.accepted + 1 and r.tokens[: r.accepted] == d.tokens[: r.accepted]
-
-
-def test_slot_result_does_not_depend_on_its_batch():
-    gen = torch.Generator().manual_seed(7)
-    drafts, target = random_batch(gen, slots=6)
-    seeds, positions = [5, 6, 7, 8, 9, 10], [100, 3, 42, 42, 0, 9]
-    together = verify_batch(target, FlatDrafts.from_drafts(drafts), seeds, positions)
-    rows = torch.tensor([0] + [len(d) + 1 for d in drafts]).cumsum(0).tolist()
-    for b in reversed(range(6)):  # alone, in any order
-        flat = FlatDrafts.from_drafts([drafts[b]])
-        alone = verify_batch(target[rows[b] : rows[b + 1]], flat, [seeds[b]], [positions[b]])
-        assert alone == [together[b]]
 
 
 def test_fixed_seed_is_reproducible_and_seeds_differ():
     gen = torch.Generator().manual_seed(8)
     drafts, target = random_batch(gen, slots=40)
-    flat = FlatDrafts.from_drafts(drafts)
-    run = lambda seed: verify_batch(target, flat, [seed] * 40, list(range(40)))  # noqa: E731
+    run = lambda seed: verify_each(drafts, target, [seed] * 40, list(range(40)))  # noqa: E731
     assert run(123) == run(123)
     assert run(123) != run(124)
 

@@ -9,7 +9,7 @@ from specserve.batch import FlatBatch
 from specserve.cache.kv import KVCache
 from specserve.models.config import ModelConfig
 from specserve.models.layers.basic import RMSNorm, RotaryEmbedding, apply_rotary
-from specserve.models.layers.lowbit import joint_output
+from specserve.models.layers.lowbit_fused import joint_output
 from specserve.ops.cpu.build import kernels_for
 from specserve.ops.fast.attention import cached_attention
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specserve.models.layers.lowbit import joint_output
+from specserve.models.layers.lowbit_fused import joint_output
 from specserve.ops.cpu.build import kernels_for
 
 

@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from specserve.models.layers.basic import RMSNorm
-from specserve.models.layers.lowbit import LowbitCall, fused_of
+from specserve.models.layers.lowbit import LowbitCall
+from specserve.models.layers.lowbit_fused import fused_of
 from specserve.ops.cpu.build import problem
 
 if TYPE_CHECKING:

@@ -3,10 +3,12 @@
 Speculation verifies [last, d1..dk] in one forward, and other slots share the step; plain
 decoding computes the same token as a one-row forward. On CPU two kernels break the
 equality:
-- float32 GEMM (MKL) computes rows outside full 4-row blocks with another micro-kernel,
-  so a 1-row product differs from the same row inside a larger one (about 1e-7 relative);
-  padding every product to a multiple of 4 rows puts every row on the same path
-  (tests/models/test_batch_invariant.py checks it on this machine's kernels);
+- float32 GEMM (MKL) picks its micro-kernels and blocking by the number of rows, so a
+  1-row product differs from the same row inside a larger one (about 1e-7 relative);
+  computing every product in separate blocks of 4 rows (the last one padded) gives every
+  row the same call whatever its batch-mates (padding alone to a multiple of 4 held on
+  AVX2 and Zen 4 but not on an Intel Xeon with AMX, whose MKL blocks larger products
+  differently; tests/models/test_batch_invariant.py checks it on this machine's kernels);
 - attention over a causal prefix reduces over a different number of keys when other rows
   share the call; computing each row alone against its own prefix (as decoding does)
   removes that.
@@ -26,7 +28,7 @@ ROW_BLOCK = 4
 
 
 class RowPaddedLinear(nn.Module):
-    """An nn.Linear whose input rows are padded to a multiple of ROW_BLOCK."""
+    """An nn.Linear computed in separate products of ROW_BLOCK rows (the last padded)."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -37,7 +39,7 @@ class RowPaddedLinear(nn.Module):
         pad = (-rows.shape[0]) % ROW_BLOCK
         if pad:
             rows = torch.cat([rows, rows.new_zeros(pad, rows.shape[1])])
-        y = F.linear(rows, self.weight, self.bias)
+        y = torch.cat([F.linear(b, self.weight, self.bias) for b in rows.split(ROW_BLOCK)])
         return y[: y.shape[0] - pad].reshape(*x.shape[:-1], self.weight.shape[0])
 
 

@@ -1,17 +1,20 @@
-"""float32 linears on our own AVX2 low-bit kernels (ops/cpu/lowbit.cpp).
+"""float32 linears on our own low-bit CPU kernels (ops/cpu/lowbit.cpp).
 
 The weights stay in blocks of 32 inputs in memory (q8: int8 + one scale, 1.0625 bytes per
 weight; q6: 6-bit + an int8 scale per 16 and a scale, 0.875; q5: 5-bit + scale, 0.6875; q4:
 4-bit + scale and low, 0.625; q4k: GGUF Q4_K's own fields, 0.578; scales are float16, as in
-GGUF), stored as the kernel's records of 8 outputs x one block (see `steps`), so a decode step
-reads under a third of float32's bytes in one sequential stream. The kernel quantizes each
-activation row to int8 per block and runs the block dot products on integers, as llama.cpp does
-on CPUs. A row's result never depends on the other rows of the call (the kernel's design;
-tests/models/test_lowbit.py), so these layers are batch-invariant as they stand.
+GGUF), stored as the kernel's records of 8 outputs x one block (ops/fast/lowbit.py writes
+them; ops/naive/lowbit.py holds the layout), so a decode step reads under a third of
+float32's bytes in one sequential stream. The kernel quantizes each activation row to int8
+per block and runs the block dot products on integers, as llama.cpp does on CPUs
+(ops/naive/lowbit.py lowbit_linear is the same arithmetic, written plainly). A row's result
+never depends on the other rows of the call, so these layers are batch-invariant as they
+stand.
 
 From a GGUF, Q8_0 (on q8) and Q5_0 (on q5) weights come back exactly: the requantization
-finds their (float16) scales again. Q4_K and Q6_K blocks become q4k and q6 records as they are
-(loading/q4k.py, loading/q6k.py). Other types are re-quantized from their float32 values.
+finds their (float16) scales again. Q4_K and Q6_K blocks become q4k and q6k records as they
+are (loading/q4k.py, loading/q6k.py). Other types are re-quantized from their float32 values.
+Linears that read the same input run as one call: lowbit_fused.py.
 
 The kernels run on AVX-512 VNNI where the CPU has it and on AVX2 otherwise (`kernel_isa`;
 SPECSERVE_CPU_ISA=avx2 forces AVX2); both give the same bits.
@@ -26,208 +29,35 @@ import torch
 from torch import nn
 
 from specserve.ops.cpu.build import load
-
-GROUP = 32
-TILE = 8  # outputs per record: one float32 lane each in ops/cpu/lowbit.cpp
-STEP = 4  # inputs per integer step: a step holds 4 inputs of each of the tile's 8 outputs
-FIELD = TILE * 2  # bytes of a record's float16 field (8 scales, or 8 lows)
-Q8_SHIFT = 0x80  # q8 records hold q + 128 (q xor 0x80 as bytes): VNNI's unsigned operand
+from specserve.ops.fast.lowbit import (
+    q4_records,
+    q4k_records,
+    q5_records,
+    q6_records,
+    q6k_records,
+    q8_records,
+)
+from specserve.ops.naive.lowbit import (
+    GROUP,
+    Q4,
+    Q4K,
+    Q5,
+    Q6,
+    Q6K,
+    Q8,
+    SUPER,
+    half_values,
+    int4_groups,
+    int5_groups,
+    int6_groups,
+    q8_blocks,
+)
 
 
 def kernel_isa(want: str = "") -> str:
     """The instruction set the low-bit kernels run on ("avx2" or "avx512vnni"); `want` sets
     it ("auto": the best this CPU has). A RuntimeError says when the CPU lacks it."""
     return cast(str, load().lowbit_isa(want))
-
-
-def half_values(v: torch.Tensor, rounding: str = "nearest") -> torch.Tensor:
-    """float32 values rounded to float16 ("down" / "up": to the float16 at or below / above),
-    returned as float32; an error names the problem if one does not fit float16."""
-    h = v.half()
-    if rounding != "nearest":
-        off = h.float() > v if rounding == "down" else h.float() < v
-        towards = torch.full_like(h, float("-inf") if rounding == "down" else float("inf"))
-        h = torch.where(off, torch.nextafter(h, towards), h)
-    if not torch.isfinite(h).all():
-        raise ValueError("weights too large for float16 block scales; use --weights dequant")
-    return h.float()
-
-
-def _safe(scale: torch.Tensor) -> torch.Tensor:
-    """scale with zeros (all-zero or constant blocks) replaced by 1: their q is 0 anyway."""
-    return torch.where(scale == 0, torch.ones_like(scale), scale)
-
-
-def q8_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w: [N, K] float -> q: [N, K] int8, scale: [N, K/32] float32 holding float16 values
-    (w ~ q * scale)."""
-    n, k = w.shape
-    g = w.float().view(n, k // GROUP, GROUP)
-    scale = half_values(g.abs().amax(dim=-1) / 127)
-    q = torch.round(g / _safe(scale)[..., None]).clamp(-127, 127).to(torch.int8)
-    return q.view(n, k).contiguous(), scale.contiguous()
-
-
-def int4_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """w: [N, K] -> q: [N, K] int32 in 0..15, scale and low: [N, K/32] float16 values
-    (w ~ q * scale + low). low is rounded down and scale up, so the 16 levels still span the
-    block and every weight rounds to within half a step."""
-    n, k = w.shape
-    g = w.float().view(n, k // GROUP, GROUP)
-    low = half_values(g.amin(dim=-1), "down")
-    scale = half_values((g.amax(dim=-1) - low) / 15, "up")
-    q = torch.round((g - low[..., None]) / _safe(scale)[..., None]).clamp(0, 15)
-    return q.to(torch.int32).view(n, k), scale, low
-
-
-def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
-    """q: [N, K] in 0..15 -> [N, K/2] uint8: a block's byte i holds element i (low nibble)
-    and element i + 16 (high nibble), GGUF's order."""
-    n, k = q.shape
-    g = q.to(torch.uint8).view(n, k // GROUP, GROUP)
-    return (g[..., : GROUP // 2] | (g[..., GROUP // 2 :] << 4)).reshape(n, k // 2).contiguous()
-
-
-def q4_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """w: [N, K] -> packed: [N, K/2] uint8 (pack_nibbles), scale and low: [N, K/32]
-    (w ~ q * scale + low)."""
-    q, scale, low = int4_groups(w)
-    return pack_nibbles(q), scale.contiguous(), low.contiguous()
-
-
-def int5_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """w: [N, K] -> q: [N, K] int32 in 0..31, scale and low: [N, K/32] (w ~ q * scale + low).
-
-    GGUF Q5_0's own rule: the element of largest magnitude m gets q = 0, so scale = -m / 16
-    (as float16) and low = -16 * scale; Q5_0 weights come back exactly."""
-    n, k = w.shape
-    g = w.float().view(n, k // GROUP, GROUP)
-    m = g.gather(-1, g.abs().argmax(dim=-1, keepdim=True))[..., 0]
-    scale = half_values(-m / 16)
-    q = torch.round(g / _safe(scale)[..., None] + 16).clamp(0, 31).to(torch.int32)
-    return q.view(n, k), scale.contiguous(), -16 * scale
-
-
-def q5_blocks(w: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """w: [N, K] -> nibbles [N, K/2] uint8 (pack_nibbles of the low 4 bits), fifth bits
-    [N, K/32, 32] uint8 (0 or 1), scale and low [N, K/32]: GGUF Q5_0's split of int5_groups."""
-    q, scale, low = int5_groups(w)
-    fifth = (q >> 4).to(torch.uint8).view(w.shape[0], -1, GROUP)
-    return pack_nibbles(q & 15), fifth, scale, low
-
-
-SUB = 16  # inputs per q6 sub-scale (GGUF Q6_K's sub-blocks)
-SUPER = 256  # inputs per q4k record (GGUF Q4_K's super-blocks)
-
-
-def int6_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """w: [N, K] -> q: [N, K] int32 in 0..63, d: [N, K/32] float16 values, sc: [N, K/16] int8
-    (w ~ d * sc * (q - 32)): Q6_K's form with a block of 32 where it has 256. Each 16 inputs'
-    step s = max|w| / 31 becomes d * sc, d (rounded up) giving the larger one sc = 127."""
-    n, k = w.shape
-    sub = w.float().view(n, k // GROUP, 2, SUB)
-    step = sub.abs().amax(dim=-1) / 31  # [N, K/32, 2]
-    d = half_values(step.amax(dim=-1) / 127, "up")
-    sc = torch.round(step / _safe(d)[..., None]).clamp(0, 127)
-    q = torch.round(sub / _safe(d[..., None] * sc)[..., None]).clamp(-32, 31) + 32
-    return q.to(torch.int32).view(n, k), d, sc.to(torch.int8).view(n, k // SUB)
-
-
-# The kernel's records (ops/cpu/lowbit.cpp): per tile of 8 outputs and block of 32 inputs,
-# stored [tile][block][record], N padded with zero outputs. A record's fields, in order:
-#   q8: scale[8] float16, weights + 128 [8 steps][8 outputs][4] uint8          272 bytes
-#   q4: scale[8], low[8] float16, then steps 2i and 2i+1 in the low and high nibbles of
-#       one [8 outputs][4] byte array each                                   160 bytes
-#   q5: scale[8] float16, q4's nibble arrays, then the fifth bits: bit j of byte i is
-#       step j's byte i (low = -16 scale is implied: the kernel subtracts 16)  176 bytes
-#   q6: d[8] float16, sc[2][8] int8 (steps 0-3, then 4-7), q4's nibble arrays for the low
-#       4 bits, then bit_planes of the top 2 bits                            224 bytes
-#   q4k: per tile and 256 inputs (8 blocks): d[8], dmin[8] float16, sc[8 blocks][8] and
-#       m[8 blocks][8] uint8, then each block's q4 nibble arrays              1184 bytes
-#   q6k: per tile and 256 inputs: d[8] float16, then each block's q6 record less its d
-#                                                                            1680 bytes
-
-
-def tiled(t: torch.Tensor) -> torch.Tensor:
-    """[N, K/32, ...] per-block values -> [ceil(N/8), K/32, 8, ...], padded with zeros."""
-    pad = -t.shape[0] % TILE
-    if pad:
-        t = torch.cat([t, t.new_zeros(pad, *t.shape[1:])])
-    return t.view(-1, TILE, *t.shape[1:]).transpose(1, 2)
-
-
-def untiled(t: torch.Tensor, n: int) -> torch.Tensor:
-    """The inverse of tiled: [T, K/32, 8, ...] -> [N, K/32, ...]."""
-    t = t.transpose(1, 2)
-    return t.reshape(-1, *t.shape[2:])[:n]
-
-
-def steps(q: torch.Tensor) -> torch.Tensor:
-    """[N, K] -> [T, K/32, 8 steps, 32]: step j holds inputs 4j..4j+3 of each of a tile's
-    8 outputs, output-major (the bytes one 256-bit load gives the kernel)."""
-    n, k = q.shape
-    t = tiled(q.reshape(n, k // GROUP, GROUP // STEP, STEP))  # [T, nb, out, step, 4]
-    return t.transpose(2, 3).reshape(*t.shape[:2], GROUP // STEP, TILE * STEP)
-
-
-def unsteps(s: torch.Tensor, n: int) -> torch.Tensor:
-    """The inverse of steps: [T, K/32, 8, 32] -> [N, K]."""
-    t, nb = s.shape[:2]
-    per_out = s.view(t, nb, GROUP // STEP, TILE, STEP).transpose(2, 3)  # [T, nb, out, step, 4]
-    return untiled(per_out, n).reshape(n, nb * GROUP)
-
-
-def as_bytes(t: torch.Tensor) -> torch.Tensor:
-    """[T, K/32, ...] of any dtype -> [T, K/32, bytes] uint8 (a record field)."""
-    return t.contiguous().view(torch.uint8).reshape(*t.shape[:2], -1)
-
-
-def scale_fields(*per_block: torch.Tensor) -> list[torch.Tensor]:
-    """[N, K/32] values that float16 holds exactly (scale, low) -> their record fields."""
-    return [as_bytes(tiled(v.half())) for v in per_block]
-
-
-def field_values(records: torch.Tensor, at: int, n: int) -> torch.Tensor:
-    """The [N, K/32] values (as float32) of the float16 field at byte `at` of each record."""
-    field = records[..., at : at + FIELD].contiguous().view(torch.float16)
-    return untiled(field, n).float().contiguous()
-
-
-def nibble_steps(q: torch.Tensor) -> torch.Tensor:
-    """q: [N, K] in 0..15 -> [T, K/32, 128] uint8: steps 2i, 2i+1 share a 32-byte array."""
-    s = steps(q.to(torch.uint8))
-    return as_bytes(s[:, :, 0::2] | (s[:, :, 1::2] << 4))
-
-
-def nibbles_from_steps(field: torch.Tensor, n: int) -> torch.Tensor:
-    """The inverse of nibble_steps: [N, K] int64 in 0..15."""
-    t, nb = field.shape[:2]
-    pairs = field.reshape(t, nb, GROUP // STEP // 2, TILE * STEP).long()
-    s = torch.stack([pairs & 15, pairs >> 4], dim=3).view(t, nb, GROUP // STEP, -1)
-    return unsteps(s, n)
-
-
-def bit_planes(v: torch.Tensor, bits: int) -> torch.Tensor:
-    """v: [N, K] of `bits` bits -> [T, K/32, 32 * bits] uint8: plane p (bytes 32p..) holds
-    steps p * 8/bits .. of the block; step p * 8/bits + j's byte i sits at bits
-    bits * j .. of the plane's byte i (q5's fifth bit: one plane; q6's top 2: two)."""
-    s = steps(v.to(torch.uint8))  # [T, nb, 8, 32]
-    per = GROUP // STEP // bits  # steps per plane
-    shift = (bits * torch.arange(per, dtype=torch.uint8))[:, None]
-    # the steps' bits do not overlap, so a sum is their bitwise or
-    planes = [
-        (s[:, :, p * per : (p + 1) * per] << shift).sum(2, dtype=torch.uint8) for p in range(bits)
-    ]
-    return torch.cat(planes, dim=-1)
-
-
-def bits_from_planes(planes: torch.Tensor, n: int, bits: int) -> torch.Tensor:
-    """The inverse of bit_planes: [N, K] int64 of `bits` bits."""
-    t, nb = planes.shape[:2]
-    per = GROUP // STEP // bits
-    shift = (bits * torch.arange(per))[:, None]
-    by_plane = planes.reshape(t, nb, bits, 1, GROUP).long() >> shift  # [T, nb, bits, per, 32]
-    return unsteps((by_plane & (2**bits - 1)).view(t, nb, GROUP // STEP, -1), n)
 
 
 class LowbitCall(nn.Module):
@@ -310,80 +140,42 @@ def linear_into(layer: nn.Module, x: torch.Tensor, out: torch.Tensor | None) -> 
 
 
 class Q8Linear(LowbitLinear):
-    KIND = 0
+    KIND = Q8
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.check_in_features(weight)
-        q, scale = q8_blocks(weight)
-        # q + 128 as unsigned bytes: the VNNI kernels' unsigned operand (the AVX2 ones undo it)
-        shifted = as_bytes(steps(q)) ^ Q8_SHIFT
-        records = torch.cat([*scale_fields(scale), shifted], dim=-1)
+        records = q8_records(*q8_blocks(weight))
         super().__init__(records, weight.shape[0], weight.shape[1], bias)
-
-    def blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(q [N, K] int8, scale [N, K/32]) back from the records, as q8_blocks gave them."""
-        n, t, nb = self.out_features, *self.records.shape[:2]
-        shifted = self.records[..., FIELD:].reshape(t, nb, GROUP // STEP, -1)
-        q = unsteps(shifted ^ Q8_SHIFT, n)
-        return q.view(torch.int8).contiguous(), field_values(self.records, 0, n)
 
 
 class Q4Linear(LowbitLinear):
-    KIND = 1
+    KIND = Q4
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.check_in_features(weight)
-        q, scale, low = int4_groups(weight)
-        super().__init__(self.records_of(q, scale, low), weight.shape[0], weight.shape[1], bias)
-
-    @staticmethod
-    def records_of(q: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
-        """q [N, K] in 0..15, scale and low [N, K/32] holding float16 values -> records."""
-        return torch.cat([*scale_fields(scale, low), nibble_steps(q)], dim=-1)
-
-    def blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(packed [N, K/2] uint8, scale, low [N, K/32]) back from the records."""
-        n, r = self.out_features, self.records
-        q = nibbles_from_steps(r[..., 2 * FIELD :], n)
-        return pack_nibbles(q), field_values(r, 0, n), field_values(r, FIELD, n)
+        records = q4_records(*int4_groups(weight))
+        super().__init__(records, weight.shape[0], weight.shape[1], bias)
 
 
 class Q5Linear(LowbitLinear):
-    KIND = 2
+    KIND = Q5
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.check_in_features(weight)
         q, scale, _ = int5_groups(weight)  # low = -16 scale: the kernel's offset
-        fields = [*scale_fields(scale), nibble_steps(q & 15), bit_planes(q >> 4, 1)]
-        super().__init__(torch.cat(fields, dim=-1), weight.shape[0], weight.shape[1], bias)
-
-    def blocks(self) -> tuple[torch.Tensor, ...]:
-        """(nibbles [N, K/2], fifth bits [N, K/32, 32], scale, low) back from the records."""
-        n, r = self.out_features, self.records
-        nibbles = nibbles_from_steps(r[..., FIELD:-GROUP], n)
-        fifth = bits_from_planes(r[..., -GROUP:], n, 1).to(torch.uint8)
-        scale = field_values(r, 0, n)
-        return pack_nibbles(nibbles), fifth.view(n, -1, GROUP), scale, -16 * scale
+        super().__init__(q5_records(q, scale), weight.shape[0], weight.shape[1], bias)
 
 
 class Q6Linear(LowbitLinear):
     """GGUF Q6_K's own values: w = d * sc * (q - 32), q 0..63, an int8 sc per 16 inputs.
     0.875 bytes per weight (Q6_K: 0.82; these tensors ran on q8's 1.0625 before)."""
 
-    KIND = 3
+    KIND = Q6
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.check_in_features(weight)
-        q, d, sc = int6_groups(weight)
-        super().__init__(self.records_of(q, d, sc), weight.shape[0], weight.shape[1], bias)
-
-    @staticmethod
-    def records_of(q: torch.Tensor, d: torch.Tensor, sc: torch.Tensor) -> torch.Tensor:
-        """q [N, K] in 0..63, d [N, K/32] holding float16 values, sc [N, K/16] int8 -> records."""
-        n, k = q.shape
-        sub = as_bytes(tiled(sc.to(torch.int8).view(n, k // GROUP, 2)).transpose(2, 3))
-        fields = [*scale_fields(d), sub, nibble_steps(q & 15), bit_planes(q >> 4, 2)]
-        return torch.cat(fields, dim=-1)
+        records = q6_records(*int6_groups(weight))
+        super().__init__(records, weight.shape[0], weight.shape[1], bias)
 
     @classmethod
     def from_groups(
@@ -391,22 +183,8 @@ class Q6Linear(LowbitLinear):
     ) -> Q6Linear:
         """A layer of these values as given (GGUF Q6_K's: loading/q6k.py); d must be float16
         values (Q6_K's are), so nothing is rounded."""
-        records = cls.records_of(q, half_values(d), sc)
+        records = q6_records(q, half_values(d), sc)
         return cast(Q6Linear, cls.from_records(records, q.shape[0], q.shape[1], bias))
-
-    def blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(q [N, K] int32, d [N, K/32], sc [N, K/16] int8) back from the records."""
-        return q6_blocks(self.records, self.out_features)
-
-
-def q6_blocks(r: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(q [N, K] int32, d [N, K/32], sc [N, K/16] int8) of q6 records r."""
-    t, nb = r.shape[:2]
-    sub = r[..., FIELD : 2 * FIELD].contiguous().view(torch.int8).view(t, nb, 2, TILE)
-    sc = untiled(sub.transpose(2, 3), n).reshape(n, -1)
-    low = nibbles_from_steps(r[..., 2 * FIELD : -2 * GROUP], n)
-    q = low + 16 * bits_from_planes(r[..., -2 * GROUP :], n, 2)
-    return q.to(torch.int32), field_values(r, 0, n), sc.contiguous()
 
 
 class Q6KLinear(LowbitLinear):
@@ -415,9 +193,8 @@ class Q6KLinear(LowbitLinear):
     d. 0.820 bytes per weight (q6, d per block of 32: 0.875). The kernel runs q6's steps on x
     scaled per 256 inputs and sums the 8 block dots as integers under one float step."""
 
-    KIND = 5
+    KIND = Q6K
     X_GROUP = SUPER
-    BLOCKS = SUPER // GROUP  # blocks a record covers
 
     @classmethod
     def from_groups(
@@ -425,24 +202,9 @@ class Q6KLinear(LowbitLinear):
     ) -> Q6KLinear:
         """A layer of GGUF Q6_K's values (loading/q6k.py q6k_groups): d [N, K/32] must be one
         float16 value per 256 inputs, repeated (as q6k_groups gives it)."""
-        n, k = q.shape
-        per_super = d.view(n, k // SUPER, cls.BLOCKS)
-        if not torch.equal(per_super, per_super[..., :1].expand_as(per_super)):
-            raise ValueError("q6k: d must be one value per 256 inputs")
-        r = Q6Linear.records_of(q, half_values(d), sc)
-        t, nb = r.shape[:2]
-        r = r.view(t, nb // cls.BLOCKS, cls.BLOCKS, -1)
-        records = torch.cat([r[:, :, 0, :FIELD], r[..., FIELD:].flatten(2)], dim=-1)
-        return cast(Q6KLinear, cls.from_records(records, n, k, bias))
-
-    def blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(q [N, K] int32, d [N, K/32], sc [N, K/16] int8) back from the records."""
-        r = self.records
-        t, supers = r.shape[:2]
-        d = r[..., None, :FIELD].expand(t, supers, self.BLOCKS, FIELD)
-        rest = r[..., FIELD:].view(t, supers, self.BLOCKS, -1)
-        q6 = torch.cat([d, rest], dim=-1).view(t, supers * self.BLOCKS, -1)
-        return q6_blocks(q6, self.out_features)
+        records = q6k_records(q, d, sc)
+        half_values(d)  # an error if d does not fit float16
+        return cast(Q6KLinear, cls.from_records(records, q.shape[0], q.shape[1], bias))
 
 
 class Q4KLinear(LowbitLinear):
@@ -452,24 +214,8 @@ class Q4KLinear(LowbitLinear):
     and low per block: 0.625), and the weights are the file's, where q4 rounds d * sc and
     dmin * m to float16."""
 
-    KIND = 4
+    KIND = Q4K
     X_GROUP = SUPER
-
-    @staticmethod
-    def records_of(
-        q: torch.Tensor, sc: torch.Tensor, m: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor
-    ) -> torch.Tensor:
-        """q [N, K] in 0..15; sc, m [N, K/32] in 0..63; d, dmin [N, K/256] holding float16
-        values -> records [ceil(N/8), K/256, 1184]."""
-        n, k = q.shape
-        supers = k // SUPER
-
-        def per_super(t: torch.Tensor) -> torch.Tensor:  # [T, K/32, ...] -> [T, K/256, bytes]
-            return t.reshape(t.shape[0], supers, -1)
-
-        halves = [as_bytes(tiled(v.half())) for v in (d, dmin)]
-        ints = [per_super(as_bytes(tiled(v.to(torch.uint8)))) for v in (sc, m)]
-        return torch.cat([*halves, *ints, per_super(nibble_steps(q))], dim=-1)
 
     @classmethod
     def from_fields(
@@ -482,133 +228,5 @@ class Q4KLinear(LowbitLinear):
         bias: torch.Tensor | None,
     ) -> Q4KLinear:
         """A layer of these values as given (loading/q4k.py q4k_fields)."""
-        records = cls.records_of(q, sc, m, half_values(d), half_values(dmin))
+        records = q4k_records(q, sc, m, half_values(d), half_values(dmin))
         return cast(Q4KLinear, cls.from_records(records, q.shape[0], q.shape[1], bias))
-
-    def fields(self) -> tuple[torch.Tensor, ...]:
-        """(q [N, K], sc, m [N, K/32], d, dmin [N, K/256]) back from the records."""
-        n, r = self.out_features, self.records
-        t, supers = r.shape[:2]
-        d, dmin = field_values(r, 0, n), field_values(r, FIELD, n)
-        blocks = 2 * FIELD + 8 * TILE
-
-        def ints(at: int) -> torch.Tensor:
-            per_block = r[..., at : at + 8 * TILE].reshape(t, supers * 8, TILE)
-            return untiled(per_block, n).long()
-
-        weights = r[..., blocks + 8 * TILE :].reshape(t, supers * 8, -1)
-        q = nibbles_from_steps(weights, n)
-        return q, ints(2 * FIELD), ints(2 * FIELD + 8 * TILE), d, dmin
-
-
-class FusedLowbit(LowbitCall):
-    """Low-bit linears that read the same input (q/k/v, gate/up) run as one kernel call.
-
-    Each call has a fixed cost (quantizing x, starting threads), a large share of a small
-    matrix's time (figures: docs/perf/lowbit.md), so one call for three saves two. The parts
-    may be of different kinds (GGUF files mix them: the 0.5B's q and k are Q5_0, its v Q8_0;
-    the 1.5B's q4k and q6k): the kernel walks each part's records with its own arithmetic.
-    They share x's quantization, so they are all of one X_GROUP (fuse_lowbit fuses only
-    such). The parts stay in the model as `FusedPart`s, so the model code is the same in
-    every weight mode: the first part called with an input computes all outputs, the parts
-    after it in the same pass slice them. The outputs are bit-identical to the separate
-    layers' (an output's arithmetic depends only on its own records and x). Every part but
-    the last must fill whole tiles.
-    """
-
-    def __init__(self, parts: list[LowbitLinear]) -> None:
-        super().__init__()
-        self.kernels = load()
-        self.in_features = parts[0].in_features
-        self.out_features = sum(p.out_features for p in parts)
-        for i, p in enumerate(parts):  # the parts' own tensors: nothing is copied
-            self.register_buffer(f"records_{i}", p.records)
-        self.kinds, self.n_outs = [p.KIND for p in parts], [p.out_features for p in parts]
-        biases = [p.bias if p.bias is not None else torch.zeros(p.out_features) for p in parts]
-        has_bias = any(p.bias is not None for p in parts)
-        self.bias = nn.Parameter(torch.cat(biases), False) if has_bias else None
-        self.bounds = [0]
-        for p in parts:
-            self.bounds.append(self.bounds[-1] + p.out_features)
-        # (input, all outputs, the part that may use them next)
-        self._last: tuple[torch.Tensor, torch.Tensor, int] | None = None
-
-    def parts(self) -> tuple[list[torch.Tensor], list[int], list[int]]:
-        records = [getattr(self, f"records_{i}") for i in range(len(self.kinds))]
-        return records, self.kinds, self.n_outs
-
-    def part(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        last = self._last
-        # reuse only for the next parts of one pass (q, k, v in order) over the same input
-        # object (kept alive by the memo); any other call computes afresh
-        if last is None or last[0] is not x or i < last[2]:
-            last = (x, self(x), i)
-        self._last = (x, last[1], i + 1) if i + 1 < len(self.bounds) - 1 else None
-        return last[1][..., self.bounds[i] : self.bounds[i + 1]]
-
-
-class FusedPart(nn.Module):
-    """Part i of a FusedLowbit (stands where the separate linear was)."""
-
-    def __init__(self, fused: FusedLowbit, i: int, like: LowbitLinear) -> None:
-        super().__init__()
-        self.fused = [fused]  # a list: the fused module is registered once, on the parent
-        self.i, self.in_features, self.out_features = i, like.in_features, like.out_features
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fused[0].part(self.i, x)
-
-
-def fused_of(parts: tuple[nn.Module, ...]) -> FusedLowbit | None:
-    """The FusedLowbit whose parts are, in order, exactly `parts`; None otherwise."""
-    first = parts[0]
-    if not isinstance(first, FusedPart):
-        return None
-    fused = first.fused[0]
-    if len(fused.bounds) - 1 != len(parts) or any(
-        not isinstance(p, FusedPart) or p.fused[0] is not fused or p.i != i
-        for i, p in enumerate(parts)
-    ):
-        return None
-    return fused
-
-
-def joint_output(parts: tuple[nn.Module, ...], x: torch.Tensor) -> torch.Tensor | None:
-    """The outputs of `parts` side by side from one kernel call, when they are in order all
-    the parts of one FusedLowbit (gate, up -> [..., gate | up]); None otherwise."""
-    fused = fused_of(parts)
-    return None if fused is None else cast(torch.Tensor, fused(x))
-
-
-# children that read the same input, in the order the models call them
-FUSE_GROUPS = (("q", "k", "v"), ("gate", "up"))
-
-
-def fuse_lowbit(model: nn.Module) -> int:
-    """Fuse each group of low-bit linears in `model`, in place; returns the count."""
-    n = 0
-    for module in list(model.modules()):
-        for names in FUSE_GROUPS:
-            parts = [getattr(module, name, None) for name in names]
-            if not _fusable(parts):
-                continue
-            fused = FusedLowbit(parts)  # type: ignore[arg-type]
-            module.add_module("_".join(names), fused)
-            for i, (name, part) in enumerate(zip(names, parts, strict=True)):
-                setattr(module, name, FusedPart(fused, i, part))  # type: ignore[arg-type]
-            n += 1
-    return n
-
-
-def _fusable(parts: list[nn.Module | None]) -> bool:
-    first = parts[0]
-    if not isinstance(first, LowbitLinear):
-        return False
-    # one call quantizes x once, so its parts must want x scaled over the same group
-    return all(
-        isinstance(p, LowbitLinear)
-        and p.in_features == first.in_features
-        and p.X_GROUP == first.X_GROUP
-        and p.out_features % TILE == 0
-        for p in parts
-    )

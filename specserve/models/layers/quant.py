@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specserve.models.layers.lowbit import Q4Linear, Q5Linear, Q6Linear, Q8Linear, int4_groups
+from specserve.models.layers.lowbit import Q4Linear, Q5Linear, Q6Linear, Q8Linear
+from specserve.ops.naive.lowbit import int4_groups
 
 GROUP = 32
 WEIGHT_MODES = ("auto", "dequant", "int8", "int6", "int5", "int4")

@@ -20,7 +20,8 @@
 // scale per block, round to nearest), and a block's dot products run on integers: maddubs
 // multiplies 32 unsigned by 32 signed bytes and adds pairs, madd adds pairs again.
 //
-// Memory layout (made by models/layers/lowbit.py): outputs in tiles of 8, one record per
+// Memory layout (written by ops/fast/lowbit.py; ops/naive/lowbit.py reads it back plainly and
+// computes what this file does, bit for bit): outputs in tiles of 8, one record per
 // tile and block, stored [tile][block][record] so that a thread walking its tiles reads one
 // sequential stream (at full bandwidth with a prefetch ahead):
 //   q8: half s[8]; w + 128 as uint8 [8 steps][8 outputs][4]               272 bytes

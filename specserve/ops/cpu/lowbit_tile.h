@@ -54,7 +54,8 @@ struct XRows {
   LOWBIT_INLINE int64_t at(int64_t m, int64_t b) const { return b * rows + m; }
 };
 
-// Where each kind's fields sit in its record (models/layers/lowbit.py writes them).
+// Where each kind's fields sit in its record (ops/fast/lowbit.py writes them; ops/naive/lowbit.py
+// reads them back plainly).
 struct Q8Layout {
   static constexpr int64_t INPUTS = BLOCK;  // x's inputs one record covers
   static constexpr int64_t WEIGHTS = SCALES;

@@ -1,0 +1,134 @@
+"""How long a draft is: decided here, in two halves that a step runs in turn.
+
+1. The engine's half, `DraftBudget`: each slot may draft up to its own limit, which follows
+   measured acceptance. After a draft is kept whole the limit doubles (up to the request's
+   n_max); after a miss it drops to what was accepted plus one. Text where drafts keep
+   missing (prose) thus drafts little; text that repeats (code edits) quickly drafts long.
+   With the limits goes cost[k], what verifying k draft rows costs this step in plain
+   steps (`ForwardCost`, cost.py).
+2. Each drafter's half, `DraftWorth`: a k-token draft is worth
+
+       value(k) = (1 + sum_{i<k} r_i) / (cost(k) + c * k)
+
+   tokens per step-equivalent, r_i being the chance that positions 0..i are all kept
+   (rates.py) and c the drafter's own cost per token in target forwards (a draft model;
+   0 for a lookup); no draft is worth 1. A drafter that pays per token is asked for the
+   length worth the most with its drafting counted, and not at all where none is worth
+   MIN_GAIN (but a few times while its rates are unknown: EXPLORE). What it drafts is then
+   cut to the length worth the most to verify, drafting being paid by then, or dropped
+   where no length is worth MIN_GAIN.
+
+`Speculator.draft` (base.py) applies the second half to every drafter; a chain (chain.py)
+compares its drafters' drafts by the same values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from itertools import accumulate
+from typing import TYPE_CHECKING
+
+from specserve.speculative.cost import ForwardCost
+from specserve.speculative.rates import at
+
+if TYPE_CHECKING:  # base.py builds a DraftWorth per speculator
+    from specserve.speculative.base import Draft, DraftRequest, Speculator
+
+# a draft is verified only if it promises this much more than no draft: the rates and
+# costs are estimates, and a verify step costs a little outside the forward too (the
+# k + 1 rows' sampling, the commit); at break-even a draft would only add noise
+MIN_GAIN = 1.05
+# a costly drafter with fewer verified drafts than this is asked (one token, at most this
+# many times) even when the prior's 1-in-2 rates say it cannot pay: with them alone a 0.5B
+# draft model for the 1.5B target (a third of a step per token) was never asked, so its
+# real rates were never learnt
+EXPLORE = 4
+
+
+class DraftBudget:
+    """The engine's half: per slot a limit that follows acceptance, and the step's cost."""
+
+    def __init__(self, cost: ForwardCost) -> None:
+        self.cost = cost
+        self._limit: dict[int, int] = {}
+
+    def limit(self, asks: Sequence[DraftRequest], base_rows: int) -> list[DraftRequest]:
+        """The asks with n_max cut to each slot's limit, all with cost[k] up to the longest
+        (base_rows: what the step's forward has without drafts)."""
+        limited = [replace(a, n_max=self.slot_limit(a.slot, a.n_max)) for a in asks]
+        cost = self.cost.relative(base_rows, max((a.n_max for a in limited), default=0))
+        return [replace(a, cost=cost) for a in limited]
+
+    def slot_limit(self, slot: int, n_max: int) -> int:
+        return min(n_max, self._limit.get(slot, n_max))
+
+    def update(self, slot: int, n_proposed: int, n_accepted: int, n_max: int) -> None:
+        """The slot's draft of n_proposed tokens kept n_accepted; n_max: the request's."""
+        if n_proposed == 0:
+            return
+        if n_accepted == n_proposed:
+            self._limit[slot] = min(n_max, max(1, 2 * self.slot_limit(slot, n_max)))
+        else:
+            self._limit[slot] = n_accepted + 1
+
+    def reset(self, slot: int) -> None:
+        self._limit.pop(slot, None)
+
+
+class DraftWorth:
+    """One drafter's half: what its drafts are worth, how long it is asked for one, and
+    where what it drafted is cut. Reads the drafter's rates (its `acceptance_rates`, which
+    a chain answers with the chosen child's) and its `relative_cost`."""
+
+    def __init__(self, drafter: Speculator) -> None:
+        self.drafter = drafter
+        self.explored = 0  # asks made against the estimate, to learn the rates (EXPLORE)
+
+    def values(
+        self, req: DraftRequest, n: int, draft_cost: float = 0.0, tier: int = 0
+    ) -> list[float]:
+        """value(k) for k = 0..n (the module doc), for a draft of this tier on req's slot."""
+        rates = self.drafter.acceptance_rates(req.slot, n, tier)
+        gains = list(accumulate(rates, initial=1.0))
+        return [g / (req.verify_cost(k) + draft_cost * k) for k, g in enumerate(gains)]
+
+    def value(self, req: DraftRequest, d: Draft) -> float:
+        """What verifying the whole of draft `d` is worth."""
+        return self.values(req, len(d), tier=d.tier)[len(d)]
+
+    def best_value(self, req: DraftRequest) -> float:
+        """The most a draft of up to n_max tokens, counting its drafting cost, is worth."""
+        return max(self.values(req, req.n_max, self.drafter.relative_cost))
+
+    def ask_length(self, req: DraftRequest) -> int | None:
+        """How many tokens the drafter is asked for; None: it is not asked. A drafter that
+        drafts for free is asked for n_max; one that pays per token for the length worth the
+        most with its drafting counted, or, while its rates are unknown, for one token."""
+        draft_cost = self.drafter.relative_cost
+        if draft_cost == 0 or req.cost is None:
+            return req.n_max
+        values = self.values(req, req.n_max, draft_cost)
+        best = _best_length(values)
+        if best and values[best] >= MIN_GAIN:
+            return best
+        untried = at(self.drafter.rates.overall.reached, 0) < EXPLORE
+        if best and untried and self.explored < EXPLORE:  # the count: asks can come to nothing
+            self.explored += 1
+            return 1
+        return None
+
+    def cut_length(self, req: DraftRequest, d: Draft) -> int:
+        """The length of `d` worth verifying, 0 if none is worth MIN_GAIN (whole when rows
+        are free: req.cost None). On a CPU the first extra row can cost nearly a whole
+        step, so a short, doubtful draft is often worth less than none."""
+        if not d or req.cost is None:
+            return len(d)
+        values = self.values(req, len(d), tier=d.tier)
+        best = _best_length(values)
+        return best if values[best] >= MIN_GAIN else 0
+
+
+def _best_length(values: Sequence[float]) -> int:
+    """The k >= 1 of the highest value (the shortest of equals); 0 if values has no k >= 1."""
+    return max(range(1, len(values)), key=lambda k: (values[k], -k), default=0)
