@@ -4,6 +4,7 @@ reassembles per index into the whole response, and a client gone aborts every ch
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -41,7 +42,7 @@ def _chat(server: LiveServer, **kw: Any) -> Any:
 
 def _complete(server: LiveServer, **kw: Any) -> Any:
     args = dict(model=MODEL_ID, prompt=chat_text(MESSAGES), max_tokens=24, temperature=1.0)
-    return client(server).completions.create(**{**args, **kw}, extra_body=NO_CACHE)
+    return client(server).completions.create(**{"extra_body": NO_CACHE, **args, **kw})
 
 
 def test_chat_choices_equal_lone_requests_and_count_the_prompt_once(server: LiveServer) -> None:
@@ -98,6 +99,16 @@ def test_streamed_completion_choices_reassemble_into_the_whole_response(server: 
         for choice in chunk.choices:
             texts[choice.index] += choice.text
     assert texts == [c.text for c in whole.choices]
+
+
+def test_each_choice_follows_the_grammar_on_its_own(drafting: LiveServer) -> None:
+    """Each choice has its own grammar state: three different texts, each the lone one."""
+    regex = {"guided_regex": r"id-[0-9]{3}: (ok|late|gone)"}
+    got = _complete(drafting, n=3, seed=SEED, extra_body={**NO_CACHE, **regex})
+    lone = [_complete(drafting, seed=SEED + i, extra_body={**NO_CACHE, **regex}) for i in range(3)]
+    texts = [c.text for c in got.choices]
+    assert texts == [r.choices[0].text for r in lone]
+    assert all(re.fullmatch(regex["guided_regex"], t) for t in texts) and len(set(texts)) > 1
 
 
 def test_greedy_choices_are_one_text(live: LiveServer) -> None:
