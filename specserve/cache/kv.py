@@ -62,6 +62,15 @@ class KVCache:
         for slot, start, n in zip(batch.slots, batch.starts, batch.lens(), strict=True):
             self.lengths[slot] = start + n
 
+    def copy(self, src: int, dst: int, n: int) -> None:
+        """Make dst hold src's first n tokens (whatever dst held before is forgotten)."""
+        if not 0 <= n <= self.lengths[src]:
+            raise ValueError(f"slot {src}: cannot copy {n} of {self.lengths[src]} tokens")
+        for k, v in zip(self.k, self.v, strict=True):
+            k[dst, :n] = k[src, :n]
+            v[dst, :n] = v[src, :n]
+        self.lengths[dst] = n
+
     def truncate(self, slot: int, n_keep: int) -> None:
         if not 0 <= n_keep <= self.lengths[slot]:
             raise ValueError(f"slot {slot}: cannot keep {n_keep} of {self.lengths[slot]} tokens")

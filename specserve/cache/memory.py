@@ -82,6 +82,21 @@ class Memory:
         if self.recurrent is not None:
             self.recurrent.reset(slot)
 
+    def copy_slot(self, src: int, dst: int, n: int | None = None) -> None:
+        """Make dst hold what src holds after its first n tokens (default: all it holds):
+        attention KV and recurrent state, with src's restore points up to n; whatever dst
+        held is forgotten. n must be restorable in src (see `restorable`). Several samples
+        of one prompt share its prefill this way (engine/samples.py)."""
+        length = self.length(src)
+        n = length if n is None else n
+        if src == dst:
+            raise ValueError(f"slot {src}: cannot copy a slot onto itself")
+        if not 0 <= n <= length or self.restorable(src, n) != n:
+            raise ValueError(f"slot {src}: no restore point at {n} of its {length} tokens")
+        self.kv.copy(src, dst, n)
+        if self.recurrent is not None:
+            self.recurrent.copy(src, dst, n, length)
+
     def save(self, slot: int) -> SlotState:
         """A copy of everything the slot holds (for prompt-cache reuse)."""
         n = self.length(slot)

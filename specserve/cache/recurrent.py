@@ -183,7 +183,24 @@ class RecurrentCache:
         self.ckpt_pos[slot] = None
         self.snap_count[slot] = 0
 
-    # whole-slot save / restore ----------------------------------------------------------------
+    # whole-slot copy, save / restore -----------------------------------------------------------
+    def copy(self, src: int, dst: int, n: int, length: int) -> None:
+        """Make dst's state src's after its first n tokens (of the `length` src holds; n a
+        restore point of src), with src's restore points up to n; dst's own are dropped."""
+        count, ckpt = self.snap_count[src], self.ckpt_pos[src]
+        for layer in range(self.shape.num_layers):
+            self.conv[layer][dst] = self.conv[layer][src]
+            self.ssm[layer][dst] = self.ssm[layer][src]
+            if count:
+                self.snap_conv[layer][dst, :count] = self.snap_conv[layer][src, :count]
+                self.snap_ssm[layer][dst, :count] = self.snap_ssm[layer][src, :count]
+            if ckpt is not None:
+                self.ckpt_conv[layer][dst] = self.ckpt_conv[layer][src]
+                self.ckpt_ssm[layer][dst] = self.ckpt_ssm[layer][src]
+        self.snap_start[dst], self.snap_count[dst] = self.snap_start[src], count
+        self.ckpt_pos[dst] = ckpt
+        self.rollback(dst, n, length)
+
     def save(self, slot: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Copies of the slot's conv [C, W-1] and SSM [HV, K, V] state, one per layer."""
         return [t[slot].clone() for t in self.conv], [t[slot].clone() for t in self.ssm]

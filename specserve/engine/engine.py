@@ -20,6 +20,7 @@ from specserve.engine.logprobs import TokenLogprob, token_logprobs
 from specserve.engine.prompt_cache import PromptCache
 from specserve.engine.request import Request, Status
 from specserve.engine.runner import DEFAULT_SNAPSHOT_DEPTH, ModelRunner, SlotInput
+from specserve.engine.samples import Samples, Start
 from specserve.engine.sampling import (
     apply_logit_bias,
     apply_penalties,
@@ -88,6 +89,7 @@ class Engine:
         # reused prefix has none: no prompt cache with it
         self.prompts = PromptCache(runner.memory, enabled=prompt_cache and not runner.record_hidden)
         self.scheduler = Scheduler(runner.memory.num_slots, prefill_chunk, self.prompts)
+        self.samples = Samples(runner, self.scheduler)  # OpenAI's n: one prefill, n samples
 
     @property
     def max_len(self) -> int:
@@ -103,6 +105,23 @@ class Engine:
         return self.runner.vocab_size
 
     def add_request(self, req: Request) -> Request:
+        self._check_request(req)
+        self.scheduler.add(req)
+        return req
+
+    def add_samples(self, requests: list[Request]) -> list[Request]:
+        """Samples of one prompt (OpenAI's n) that share its prefill: the first prefills it,
+        the others copy its memory (engine/samples.py). All are checked before any queues."""
+        first, *others = requests
+        if any(r.prompt != first.prompt for r in others):
+            raise SpecserveError("the samples of one request must share its prompt")
+        for req in requests:
+            self._check_request(req)
+        self.scheduler.add(first)
+        self.samples.add(first, others)
+        return requests
+
+    def _check_request(self, req: Request) -> None:
         max_len = self.runner.memory.max_len
         if not req.prompt:
             raise SpecserveError("the prompt is empty")
@@ -117,25 +136,24 @@ class Engine:
             raise SpecserveError(f"logit_bias token ids must be < {vocab}, got {beyond[:5]}")
         req.seed = resolve_seed(req.params.seed)
         req.timings.prompt_n = len(req.prompt)
-        self.scheduler.add(req)
-        return req
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or bool(self.samples.late)
 
     def step(self) -> list[StepOutput]:
         """Schedule, draft, one forward, verify, commit, feed back and emit."""
+        out = self._start_samples(self.samples.place_late())
         plan = self.scheduler.schedule()
         if not plan:
-            return []
+            return out
         drafts = self._draft(plan)
         verified = self._under_grammar(plan.decode, drafts)
         try:
             logits = self._forward(plan, verified)
         except Exception as e:
-            return self._recompute_or_fail(plan.requests, e)
+            return out + self._recompute_or_fail(plan.requests, e)
         n_pre = len(plan.prefill)
-        out = self._after_prefills(plan, logits[:n_pre])
+        out += self._after_prefills(plan, logits[:n_pre])
         results = self._verify(plan.decode, verified, logits[n_pre:])
         self._commit(plan.decode, results)
         return out + self._feed_back(plan.decode, drafts, verified, results, logits[n_pre:])
@@ -156,11 +174,22 @@ class Engine:
         return logits
 
     def _after_prefills(self, plan: StepPlan, logits: list[torch.Tensor]) -> list[StepOutput]:
-        outs = [
-            self._isolated(r, self._after_prefill, r, c, lg)
-            for (r, c, _), lg in zip(plan.prefill, logits, strict=True)
-        ]
+        outs: list[StepOutput | None] = []
+        for (r, c, last), lg in zip(plan.prefill, logits, strict=True):
+            if last:  # before r samples: a first token that ends r frees its slot
+                outs += self._start_samples(self.samples.prefilled(r, lg))
+            outs.append(self._isolated(r, self._after_prefill, r, c, lg))
         return [o for o in outs if o is not None]
+
+    def _start_samples(self, starts: list[Start]) -> list[StepOutput]:
+        """Siblings just given a slot: the prompt's memory copied in, then each one's first
+        token from the prompt's last row, as after its own prefill."""
+        outs = [self._isolated(s.request, self._start_sample, s) for s in starts]
+        return [o for o in outs if o is not None]
+
+    def _start_sample(self, start: Start) -> StepOutput | None:
+        self.samples.copy_prompt(start)
+        return self._after_prefill(start.request, [], start.logits)
 
     def _verify(
         self, decoding: list[Request], drafts: list[Draft], logits: list[torch.Tensor]
@@ -394,13 +423,16 @@ class Engine:
             return
         if req in self.scheduler.waiting:
             self.scheduler.waiting.remove(req)
-            req.status, req.finish_reason = Status.FINISHED, "abort"
+        elif not self.samples.drop(req):  # a sibling waiting for its prompt is not queued
+            self._finish(req, "abort")
             return
-        self._finish(req, "abort")
+        req.status, req.finish_reason = Status.FINISHED, "abort"
+        self.samples.release(req)
 
     def _finish(self, req: Request, reason: str) -> None:
         req.finish_reason = reason
         req.timings.t_end = time.perf_counter()
+        self.samples.release(req)  # it ended before its prefill: a sibling takes it over
         self.scheduler.finish(req)
         self.runner.retire(req.slot)
         # a failed request's slot may hold half-written state: nothing of it is reused

@@ -12,20 +12,29 @@ ONE batched forward.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
 from specserve.batch import FlatBatch, SlotInput
-from specserve.cache.memory import Memory
+from specserve.cache.memory import Memory, SlotState
 from specserve.engine.rollback import RollbackPolicy
 from specserve.errors import SpecserveError
 from specserve.models.layers.embedding import rows_dtype_device
 from specserve.models.layers.lowbit import writes_into
 from specserve.models.registry import LanguageModel
 
-__all__ = ["ModelRunner", "SlotInput"]
+__all__ = ["ModelRunner", "SavedSlot", "SlotInput"]
 
 DEFAULT_SNAPSHOT_DEPTH = 17  # n_rs_seq: the default draft max (16) + the verified token
+
+
+@dataclass
+class SavedSlot:
+    """A slot's memory and its hidden states not yet taken, detached from the slot."""
+
+    memory: SlotState
+    hidden: tuple[int, torch.Tensor] | None  # (first position, rows [n, D])
 
 
 class ModelRunner:
@@ -173,6 +182,25 @@ class ModelRunner:
         if logits is None:
             raise SpecserveError("empty prompt")
         return logits[-1]
+
+    def fork(self, src: int, dst: int) -> None:
+        """dst continues from everything src holds: its memory (Memory.copy_slot) and the
+        hidden states not yet taken (take_hidden), so a speculator fed them sees the same."""
+        self.memory.copy_slot(src, dst)
+        self._hidden.pop(dst, None)
+        if src in self._hidden:
+            self._hidden[dst] = self._hidden[src]  # never written in place: shared safely
+
+    def save(self, slot: int) -> SavedSlot:
+        """A copy of what `fork` would copy from the slot, detached from it."""
+        return SavedSlot(self.memory.save(slot), self._hidden.get(slot))
+
+    def restore(self, slot: int, saved: SavedSlot) -> None:
+        """Put a saved slot back, into any slot (whatever it held before)."""
+        self.memory.restore(slot, saved.memory)
+        self._hidden.pop(slot, None)
+        if saved.hidden is not None:
+            self._hidden[slot] = saved.hidden
 
     def free(self, slot: int) -> None:
         """Forget the slot's sequence (memory, pending verification, hidden states)."""

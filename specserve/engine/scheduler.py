@@ -79,6 +79,21 @@ class Scheduler:
         req.timings.admitted()
         self.running.append(req)
 
+    def place(self, req: Request) -> bool:
+        """Give a request whose prompt memory the engine copies in (a sample of a prompt
+        prefilled once, engine/samples.py) a free slot, as if its prompt were all cached;
+        False when no slot is free. The slot's own held prefix is dropped."""
+        if not self.free_slots:
+            return False
+        req.slot, _ = self.cache.take(self.free_slots, req.prompt, use=False)
+        self.free_slots.remove(req.slot)
+        req.n_prefilled = len(req.prompt)
+        req.timings.cache_n, req.timings.prompt_n = len(req.prompt), 0
+        req.status = Status.PREFILL
+        req.timings.admitted()
+        self.running.append(req)
+        return True
+
     def recompute(self, req: Request) -> None:
         """Its slot was lost: free it, and queue the request first to be rebuilt."""
         self.running.remove(req)

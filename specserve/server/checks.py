@@ -12,6 +12,7 @@ body size itself is capped before parsing (server/transport.py).
     stop_token_ids       at most MAX_STOP_TOKEN_IDS ids
     tools                at most MAX_TOOLS (OpenAI's limit)
     prediction           at most the context's length in tokens
+    n                    at least 1, at most MAX_N choices (each one decodes on its own)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from specserve.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerationRequest,
+    ResponsesRequest,
 )
 
 MAX_STOP = 16
@@ -31,10 +33,14 @@ MAX_STOP_CHARS = 256
 MAX_LOGIT_BIAS = 1024
 MAX_STOP_TOKEN_IDS = 256
 MAX_TOOLS = 128
+MAX_N = 16
 
 
 def check_caps(body: GenerationRequest) -> None:
     """Raise a 400 for the first field over its cap."""
+    if body.choices < 1:
+        raise ApiError(400, f"n must be at least 1, got {body.choices}", param="n")
+    _at_most("n", body.choices, MAX_N, "choices")
     stop = body.stop_strings
     _at_most("stop", len(stop), MAX_STOP, "stop strings")
     longest = max(map(len, stop), default=0)
@@ -67,6 +73,8 @@ def unsupported(body: GenerationRequest) -> None:
             'tool_choice "none"',
             param="tools",
         )
+    if isinstance(body, ResponsesRequest) and body.choices != 1:
+        raise ApiError(400, "n is not supported on /v1/responses (one output)", param="n")
     if isinstance(body, CompletionRequest):
         if body.best_of not in (None, 1):
             raise ApiError(400, f"best_of must be 1, got {body.best_of}", param="best_of")

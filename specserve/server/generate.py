@@ -1,10 +1,11 @@
 """The three generation endpoints: request body -> engine Request -> OpenAI response or SSE.
 
 Every endpoint does the same four things: check the body, build the prompt ids, submit
-(`_start`: settings checked, queue full -> 503, engine refusal -> 400), then either
-collect the text or stream it. The text always comes from one `TextStream`, so streaming
-and non-streaming give the same text; it gets the tokens one at a time, so a stop string
-ends the text, the token count and the logprobs where decoding without drafts would.
+(`_start`: settings checked, queue full -> 503, engine refusal -> 400; one engine request
+per choice, server/choices.py), then either collect the text or stream it. The text
+always comes from one `TextStream`, so streaming and non-streaming give the same text; it
+gets the tokens one at a time, so a stop string ends the text, the token count and the
+logprobs where decoding without drafts would.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from specserve.errors import SpecserveError
 from specserve.grammar.constraint import GrammarConstraint, build_constraint
 from specserve.grammar.formats import CALL_START, Grammar, GrammarError
 from specserve.loading.tokenizer import Tokenizer
-from specserve.server import logprobs, runs, streams, structured, tools
+from specserve.server import choices, logprobs, runs, streams, structured, tools
 from specserve.server.checks import check_caps, check_prediction, sampling, unsupported
 from specserve.server.errors import ApiError
 from specserve.server.loop import EngineFailure, EngineLoop, Handle, QueueFull
@@ -55,18 +56,18 @@ _PROBE_CHARS_PER_TOKEN = 8
 
 
 class EngineStream(StreamingResponse):
-    """An SSE response that cancels its request however it ends (client gone included)."""
+    """An SSE response that cancels its requests however it ends (client gone included)."""
 
-    def __init__(self, handle: Handle, chunks: AsyncIterator[str]) -> None:
+    def __init__(self, handles: list[Handle], chunks: AsyncIterator[str]) -> None:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         super().__init__(chunks, media_type="text/event-stream", headers=headers)
-        self.handle = handle
+        self.handles = handles
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.handle.cancel()  # no-op when it finished
+            choices.cancel(self.handles)  # no-op for those that finished
 
 
 class OpenAIEndpoints:
@@ -105,32 +106,35 @@ class OpenAIEndpoints:
         limit = body.max_completion_tokens if use_mct else body.max_tokens
         param = "max_completion_tokens" if use_mct else "max_tokens"
         tenant = _tenant(request, body)
-        handle, run = await self._start(body, prompt, limit, param, tenant, grammar)
+        handles, outs = await self._start(body, prompt, limit, param, tenant, grammar)
         if offered:
-            run = tools.with_calls(run, [t["function"]["name"] for t in offered])
+            names = [t["function"]["name"] for t in offered]
+            outs = [tools.with_calls(run, names) for run in outs]
         ids = streams.Ids("chatcmpl-" + uuid.uuid4().hex, self.model_id)
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return EngineStream(handle, streams.chat(ids, runs.errors_as_events(run), usage))
-        got, fin = await runs.collect(run, handle, request)
-        return JSONResponse(streams.chat_completion(ids, got, fin))
+            merged = choices.merged([runs.errors_as_events(run) for run in outs])
+            return EngineStream(handles, streams.chat(ids, merged, len(outs), usage))
+        got = await choices.collect(outs, handles, request)
+        return JSONResponse(streams.chat_completion(ids, got))
 
     async def completion(self, body: CompletionRequest, request: Request) -> Response:
         self._check(body)
         prompt = await self._off_loop(self._completion_prompt, body.prompt)
         tenant, grammar = _tenant(request, body), structured.requested(body)
-        handle, run = await self._start(
+        handles, outs = await self._start(
             body, prompt, body.max_tokens, "max_tokens", tenant, grammar
         )
         if body.echo:  # the prompt's own text (decoded, for a prompt of token ids) first
             echo = body.prompt if isinstance(body.prompt, str) else self.tok.decode(prompt)
-            run = runs.prefixed(echo, run)
+            outs = [runs.prefixed(echo, run) for run in outs]
         ids = streams.Ids("cmpl-" + uuid.uuid4().hex, self.model_id)
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return EngineStream(handle, streams.completion(ids, runs.errors_as_events(run), usage))
-        got, fin = await runs.collect(run, handle, request)
-        return JSONResponse(streams.completion_object(ids, got, fin))
+            merged = choices.merged([runs.errors_as_events(run) for run in outs])
+            return EngineStream(handles, streams.completion(ids, merged, len(outs), usage))
+        got = await choices.collect(outs, handles, request)
+        return JSONResponse(streams.completion_object(ids, got))
 
     async def response(self, body: ResponsesRequest, request: Request) -> Response:
         self._check(body)
@@ -144,11 +148,12 @@ class OpenAIEndpoints:
         prompt = await self._off_loop(self._chat_prompt, turns)
         limit, tenant = body.max_output_tokens, _tenant(request, body)
         grammar = structured.requested(body)
-        handle, run = await self._start(body, prompt, limit, "max_output_tokens", tenant, grammar)
+        handles, outs = await self._start(body, prompt, limit, "max_output_tokens", tenant, grammar)
         ids = streams.Ids("resp_" + uuid.uuid4().hex, self.model_id)
-        if body.stream:
-            return EngineStream(handle, streams.response_events(ids, runs.errors_as_events(run)))
-        got, fin = await runs.collect(run, handle, request)
+        if body.stream:  # one output: n > 1 is refused here
+            events = streams.response_events(ids, runs.errors_as_events(outs[0]))
+            return EngineStream(handles, events)
+        ((got, fin),) = await choices.collect(outs, handles, request)
         return JSONResponse(streams.response_object(ids, got, fin))
 
     def _chat_grammar(
@@ -187,8 +192,6 @@ class OpenAIEndpoints:
                 param="model",
                 code="model_not_found",
             )
-        if body.n not in (None, 1):
-            raise ApiError(400, f"n must be 1 (one choice per request), got {body.n}", param="n")
         unsupported(body)
         check_caps(body)
 
@@ -296,23 +299,30 @@ class OpenAIEndpoints:
         param: str,
         tenant: str | None,
         grammar: Grammar | None = None,
-    ) -> tuple[Handle, AsyncIterator[Delta | Finish]]:
-        """Check the settings, submit, and wait until the engine has taken the request."""
+    ) -> tuple[list[Handle], list[AsyncIterator[Delta | Finish]]]:
+        """Check the settings, submit one request per choice, and wait until the engine has
+        taken them."""
         top = logprobs.asked(body)
         params = sampling(body, self._max_tokens(len(prompt), asked, param), top)
-        stop = body.stop_strings
-        req = EngineRequest(prompt, params, self._spec(body.speculative), self.tok.eog_ids)
-        req.cache_prompt = body.cache_prompt
-        req.cache_salt = tenant
-        if grammar is not None:
-            req.constraint = await self._off_loop(self._constraint, grammar)
+        stop, spec = body.stop_strings, self._spec(body.speculative)
+        reqs = [
+            EngineRequest(prompt, choices.choice_params(params, i), spec, self.tok.eog_ids)
+            for i in range(body.choices)
+        ]
+        for req in reqs:
+            req.cache_prompt, req.cache_salt = body.cache_prompt, tenant
+        if grammar is not None:  # each choice follows the grammar on its own
+            for req in reqs:
+                req.constraint = await self._off_loop(self._constraint, grammar)
         if body.prediction is not None:
             text = _text_of(body.prediction.content)
             encode = self.tok.encode_text
-            req.prediction = await self._off_loop(self._within_context, text, encode, "prediction")
-            check_prediction(len(req.prediction), self.max_len)
+            expected = await self._off_loop(self._within_context, text, encode, "prediction")
+            check_prediction(len(expected), self.max_len)
+            for req in reqs:
+                req.prediction = expected
         try:
-            handle = self.loop.submit(req)
+            handles = self.loop.submit_samples(reqs)
         except QueueFull as e:
             raise ApiError(
                 503, str(e), code="server_overloaded", headers={"Retry-After": "1"}
@@ -320,16 +330,17 @@ class OpenAIEndpoints:
         except EngineFailure as e:
             raise ApiError(503, str(e)) from e
         try:
-            await handle.admitted()
+            for handle in handles:  # all are taken or refused together
+                await handle.admitted()
         except SpecserveError as e:
             raise ApiError(400, str(e)) from e
         except EngineFailure as e:
             raise ApiError(503, str(e)) from e
         except asyncio.CancelledError:
-            handle.cancel()
+            choices.cancel(handles)
             raise
         tok = self.tok if top is not None else None
-        return handle, runs.text_run(handle, TextStream(self.tok.decode, stop), tok)
+        return handles, [runs.text_run(h, TextStream(self.tok.decode, stop), tok) for h in handles]
 
 
 def _tenant(request: Request, body: GenerationRequest) -> str | None:

@@ -2,6 +2,7 @@
 
     handler (event loop)                         engine thread
     loop.submit(request) -> Handle  --inbox-->   engine.add_request(request)
+    (loop.submit_samples: n handles of one prompt, engine.add_samples, one inbox item)
                                                  engine.step(), engine.step(), ...
     async for ev in handle.events() <-----------  Event(tokens, finished, ...)
                             (loop.call_soon_threadsafe onto the handle's asyncio queue)
@@ -91,6 +92,7 @@ class Handle:
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self._cancelled = False
         self.t_last: float | None = None  # engine thread: its last delivery (Latency)
+        self.siblings: list[Handle] = []  # the other samples of its prompt, added with it
 
     def post(self, event: Event) -> None:
         """Engine thread: hand an event to the event loop."""
@@ -194,19 +196,26 @@ class EngineLoop:
 
     def submit(self, request: Request) -> Handle:
         """Queue a request for the engine; call from the event loop. Raises QueueFull."""
+        return self.submit_samples([request])[0]
+
+    def submit_samples(self, requests: list[Request]) -> list[Handle]:
+        """Queue samples of one prompt (engine.add_samples), each with its own handle; call
+        from the event loop. Raises QueueFull; an idle server takes any number of them."""
         if not self.alive:
             raise EngineFailure(self.health.error or "the engine is not running")
-        if self._in_flight >= self.capacity:
+        if self._in_flight and self._in_flight + len(requests) > self.capacity:
             raise QueueFull(
                 f"all {self.num_slots} slots are busy and {self.capacity - self.num_slots} "
                 "requests are waiting; retry later"
             )
-        handle = Handle(request, self, asyncio.get_running_loop())
-        self._in_flight += 1
-        self._inbox.put(("add", handle))
+        aloop = asyncio.get_running_loop()
+        first, *siblings = handles = [Handle(r, self, aloop) for r in requests]
+        first.siblings = siblings
+        self._in_flight += len(handles)
+        self._inbox.put(("add", first))
         if not self.alive:  # it died since the check above, maybe after draining the inbox
             self._drain_inbox()
-        return handle
+        return handles
 
     def _settle(self, handle: Handle, event: Event) -> None:
         if event.finished and not handle.finished:
@@ -269,7 +278,7 @@ class EngineLoop:
             except queue.Empty:
                 break
             if kind == "add" and handle is not None:
-                failed.append((handle, Event([], True, error=failure)))
+                failed += [(h, Event([], True, error=failure)) for h in (handle, *handle.siblings)]
         post_all(failed)
 
     def _read_inbox(self, block: bool) -> None:
@@ -297,17 +306,20 @@ class EngineLoop:
             self._abort(handle)
 
     def _add(self, handle: Handle) -> None:
+        group = [handle, *handle.siblings]
         if self._stopping:
-            handle.post(Event([], True, error=EngineFailure("the server is shutting down")))
+            failure = EngineFailure("the server is shutting down")
+            post_all([(h, Event([], True, error=failure)) for h in group])
             return
         try:
-            self.engine.add_request(handle.request)
+            self.engine.add_samples([h.request for h in group])  # one is an ordinary request
         except SpecserveError as e:
-            handle.post(Event([], True, error=e))
+            post_all([(h, Event([], True, error=e)) for h in group])
             return
-        self._live[handle.request.id] = handle
-        self._prompt_tokens += len(handle.request.prompt)
-        handle.post(Event([]))  # admitted
+        for h in group:
+            self._live[h.request.id] = h
+        self._prompt_tokens += len(handle.request.prompt)  # prefilled once for all samples
+        post_all([(h, Event([])) for h in group])  # admitted
 
     def _abort(self, handle: Handle) -> None:
         req = self._live.pop(handle.request.id).request
@@ -367,7 +379,7 @@ class EngineLoop:
         self.status = EngineStatus(
             slots=slot_states(self.engine),
             running=len(sched.running),
-            waiting=len(sched.waiting),
+            waiting=len(sched.waiting) + self.engine.samples.waiting,
             prompt_tokens=self._prompt_tokens,
             generation_tokens=self._generation_tokens,
             finished=dict(self._finished),

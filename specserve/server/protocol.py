@@ -2,7 +2,9 @@
 
 Requests accept (and ignore) fields we do not model, as OpenAI clients send many
 (`user`, `metadata`, ...); fields we do model are type-checked, and a wrong type is a 400.
-Fields that would change the output but are not implemented (`tools` outside chat,
+`n` samples several choices of one prompt, prefilled once (engine/samples.py); choice i
+of a request with `seed` s uses seed s + i, so choice 0 is what the request with n = 1
+gives. Fields that would change the output but are not implemented (`tools` outside chat,
 `best_of`, `suffix`) are modelled only to be refused with a 400 that names them: ignoring
 them would return text the client did not ask for. `response_format` (`json_object`,
 `json_schema`; the Responses API spells it `text: {"format": ...}`) and the structured-output
@@ -118,6 +120,11 @@ class GenerationRequest(BaseModel):
     # vLLM's: requests share prompt prefixes and drafting knowledge only with those that send
     # the same salt (and, with several --api-key keys, the same key)
     cache_salt: str | None = Field(default=None, max_length=256)
+
+    @property
+    def choices(self) -> int:
+        """How many choices to sample (OpenAI's n; choice i with seed s uses seed s + i)."""
+        return 1 if self.n is None else self.n
 
     @property
     def stop_strings(self) -> list[str]:

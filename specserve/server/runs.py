@@ -10,14 +10,10 @@ which text came from drafts.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
-
-from fastapi import Request
 
 from specserve.loading.tokenizer import Tokenizer
 from specserve.server import logprobs
-from specserve.server.errors import ApiError
 from specserve.server.loop import EngineFailure, Event, Handle
 from specserve.server.protocol import ChunkSpeculation
 from specserve.server.streams import Delta, Finish
@@ -78,26 +74,6 @@ async def prefixed(first: str, run: AsyncIterator[Delta | Finish]) -> AsyncItera
         yield item
 
 
-async def collect(
-    run: AsyncIterator[Delta | Finish], handle: Handle, request: Request
-) -> tuple[Delta, Finish]:
-    """A whole generation's text (and logprobs); the request is cancelled if the client
-    goes away."""
-    watcher = asyncio.create_task(_cancel_on_disconnect(request, handle))
-    parts: list[Delta] = []
-    try:
-        async for item in run:
-            if isinstance(item, Finish):
-                return Delta.join(parts), item
-            parts.append(item)
-    except EngineFailure as e:
-        raise ApiError(e.status, str(e)) from e
-    finally:
-        watcher.cancel()
-        handle.cancel()  # no-op when it finished
-    raise ApiError(500, "the generation ended without a finish reason")
-
-
 async def errors_as_events(
     run: AsyncIterator[Delta | Finish],
 ) -> AsyncIterator[Delta | Finish | Exception]:
@@ -107,12 +83,3 @@ async def errors_as_events(
             yield item
     except EngineFailure as e:
         yield e
-
-
-async def _cancel_on_disconnect(request: Request, handle: Handle) -> None:
-    # a non-streaming client that hangs up is noticed only by polling (no send fails)
-    while not handle.finished:
-        if await request.is_disconnected():
-            handle.cancel()
-            return
-        await asyncio.sleep(0.25)

@@ -9,6 +9,11 @@ Chat and legacy completions stream `data: {chunk}` lines and end with `data: [DO
 the Responses API streams typed events (`event: response.output_text.delta`, ...) and,
 as OpenAI's does, no [DONE]. The final chunk or event carries llama.cpp's `timings`, and
 each chunk of generated text our `speculative` extension (protocol.ChunkSpeculation).
+
+With n choices (chat and legacy completions), their runs come merged, each item with its
+choice's index, and every chunk names its choice (`index`), as OpenAI's do; each choice's
+last chunk carries its own timings. `usage` counts the prompt once and sums the choices'
+tokens; a whole response's `timings` sum the choices' token counts (`Choices`).
 """
 
 from __future__ import annotations
@@ -79,6 +84,8 @@ class Finish:
 
 
 Run = AsyncIterator[Delta | Finish | Exception]
+Runs = AsyncIterator[tuple[int, Delta | Finish | Exception]]  # choice index, item
+Choices = list[tuple[Delta, Finish]]  # each choice's whole text and finish, by index
 
 
 @dataclass
@@ -103,14 +110,44 @@ def _cached(fin: Finish) -> dict[str, int]:
     return {"cached_tokens": int(fin.timings.get("cache_n", 0))}
 
 
-def _usage(fin: Finish) -> Usage:
-    total = fin.prompt_tokens + fin.completion_tokens
+def _usage(fins: list[Finish]) -> Usage:
+    """The prompt once (its least cached count: the choice that prefilled it), the
+    choices' tokens summed, as OpenAI counts n choices."""
+    prompt = fins[0].prompt_tokens
+    completion = sum(f.completion_tokens for f in fins)
     return Usage(
-        prompt_tokens=fin.prompt_tokens,
-        completion_tokens=fin.completion_tokens,
-        total_tokens=total,
-        prompt_tokens_details=_cached(fin),
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=min((_cached(f) for f in fins), key=lambda c: c["cached_tokens"]),
     )
+
+
+_COUNTS = ("cache_n", "prompt_n", "predicted_n", "draft_n", "draft_n_accepted")
+
+
+def _timings(fins: list[Finish]) -> Timings:
+    """One response's timings over its choices: token counts summed (so prompt_n counts the
+    prompt prefilled once: the other choices found it all cached), prompt_ms the soonest
+    first token, predicted_ms the longest decoding."""
+    if len(fins) == 1:
+        return fins[0].timings
+    ts = [f.timings for f in fins]
+    n = {k: sum(int(t.get(k, 0)) for t in ts) for k in _COUNTS}
+    prompt_ms = min(float(t.get("prompt_ms", 0.0)) for t in ts)
+    predicted_ms = max(float(t.get("predicted_ms", 0.0)) for t in ts)
+    decoded = n["predicted_n"] - len(fins)  # each choice's first token is the prompt pass's
+    return {
+        "cache_n": n["cache_n"],
+        "prompt_n": n["prompt_n"],
+        "prompt_ms": prompt_ms,
+        "prompt_per_second": n["prompt_n"] / prompt_ms * 1e3 if prompt_ms > 0 else 0.0,
+        "predicted_n": n["predicted_n"],
+        "predicted_ms": predicted_ms,
+        "predicted_per_second": decoded / predicted_ms * 1e3 if predicted_ms > 0 else 0.0,
+        "draft_n": n["draft_n"],
+        "draft_n_accepted": n["draft_n_accepted"],
+    }
 
 
 # -- chat completions -----------------------------------------------------------------------
@@ -120,85 +157,98 @@ def _chat_logprobs(items: list[TokenLogprobs] | None) -> ChoiceLogprobs | None:
     return None if items is None else ChoiceLogprobs(content=items)
 
 
-def chat_completion(ids: Ids, got: Delta, fin: Finish) -> dict[str, Any]:
+def _chat_choice(index: int, got: Delta, fin: Finish) -> ChatChoice:
     # with calls, OpenAI's content is null unless the model also wrote something
     content = got.text if got.text.strip() or not got.calls else None
     message = AssistantMessage(content=content, tool_calls=got.calls or None)
-    choice = ChatChoice(
-        message=message,
-        finish_reason=fin.reason,
-        logprobs=_chat_logprobs(got.logprobs),
-    )
+    logprobs = _chat_logprobs(got.logprobs)
+    return ChatChoice(index=index, message=message, finish_reason=fin.reason, logprobs=logprobs)
+
+
+def chat_completion(ids: Ids, got: Choices) -> dict[str, Any]:
+    fins = [fin for _, fin in got]
     body = ChatCompletion(
         id=ids.id,
         created=ids.created,
         model=ids.model,
-        choices=[choice],
-        usage=_usage(fin),
-        timings=fin.timings,
+        choices=[_chat_choice(i, *choice) for i, choice in enumerate(got)],
+        usage=_usage(fins),
+        timings=_timings(fins),
     )
     return body.model_dump(mode="json")
 
 
-async def chat(ids: Ids, run: Run, include_usage: bool) -> AsyncIterator[str]:
+async def chat(ids: Ids, runs: Runs, n: int, include_usage: bool) -> AsyncIterator[str]:
     def chunk(choices: list[ChatChunkChoice], **extra: Any) -> str:
         body = ChatCompletionChunk(
             id=ids.id, created=ids.created, model=ids.model, choices=choices, **extra
         )
         return _data(body)
 
-    yield chunk([ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))])
-    async for item in run:
+    for i in range(n):
+        yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
+    fins: dict[int, Finish] = {}
+    async for i, item in runs:
         if isinstance(item, Exception):
             yield _error(item)
             return
         if isinstance(item, Delta):
             text = item.text if item.text or not item.parts else None
             delta = ChatDelta(content=text, tool_calls=item.parts or None)
-            choice = ChatChunkChoice(delta=delta, logprobs=_chat_logprobs(item.logprobs))
+            choice = ChatChunkChoice(index=i, delta=delta, logprobs=_chat_logprobs(item.logprobs))
             yield chunk([choice], speculative=item.origin)
             continue
-        last = ChatChunkChoice(delta=ChatDelta(), finish_reason=item.reason)
+        fins[i] = item
+        last = ChatChunkChoice(index=i, delta=ChatDelta(), finish_reason=item.reason)
         yield chunk([last], timings=item.timings)
-        if include_usage:
-            yield chunk([], usage=_usage(item))
+    if include_usage and len(fins) == n:
+        yield chunk([], usage=_usage([fins[i] for i in range(n)]))
     yield "data: [DONE]\n\n"
 
 
 # -- legacy completions ---------------------------------------------------------------------
 
 
-def completion_object(ids: Ids, got: Delta, fin: Finish) -> dict[str, Any]:
+def _completion_choice(index: int, got: Delta, fin: Finish) -> CompletionChoice:
     lp = None if got.logprobs is None else legacy(got.logprobs)
+    return CompletionChoice(index=index, text=got.text, finish_reason=fin.reason, logprobs=lp)
+
+
+def completion_object(ids: Ids, got: Choices) -> dict[str, Any]:
+    fins = [fin for _, fin in got]
     body = Completion(
         id=ids.id,
         created=ids.created,
         model=ids.model,
-        choices=[CompletionChoice(text=got.text, finish_reason=fin.reason, logprobs=lp)],
-        usage=_usage(fin),
-        timings=fin.timings,
+        choices=[_completion_choice(i, *choice) for i, choice in enumerate(got)],
+        usage=_usage(fins),
+        timings=_timings(fins),
     )
     return body.model_dump(mode="json")
 
 
-async def completion(ids: Ids, run: Run, include_usage: bool) -> AsyncIterator[str]:
+async def completion(ids: Ids, runs: Runs, n: int, include_usage: bool) -> AsyncIterator[str]:
     def chunk(choices: list[CompletionChoice], **extra: Any) -> str:
         body = Completion(id=ids.id, created=ids.created, model=ids.model, choices=choices, **extra)
         return _data(body)
 
-    offset = 0  # characters of the tokens before this chunk's (legacy text_offset)
-    async for item in run:
+    offsets = [0] * n  # characters of each choice's tokens before this chunk's (text_offset)
+    fins: dict[int, Finish] = {}
+    async for i, item in runs:
         if isinstance(item, Exception):
             yield _error(item)
             return
         if isinstance(item, Delta):
-            lp = None if item.logprobs is None else legacy(item.logprobs, offset)
-            offset += sum(len(t) for t in lp.tokens) if lp else 0
-            yield chunk([CompletionChoice(text=item.text, logprobs=lp)], speculative=item.origin)
+            lp = None if item.logprobs is None else legacy(item.logprobs, offsets[i])
+            offsets[i] += sum(len(t) for t in lp.tokens) if lp else 0
+            choice = CompletionChoice(index=i, text=item.text, logprobs=lp)
+            yield chunk([choice], speculative=item.origin)
             continue
-        yield chunk([CompletionChoice(text="", finish_reason=item.reason)], timings=item.timings)
-        if include_usage:
-            yield chunk([], usage=_usage(item))
+        fins[i] = item
+        last = CompletionChoice(index=i, text="", finish_reason=item.reason)
+        yield chunk([last], timings=item.timings)
+    if include_usage and len(fins) == n:
+        yield chunk([], usage=_usage([fins[i] for i in range(n)]))
     yield "data: [DONE]\n\n"
 
 

@@ -195,7 +195,9 @@ BAD_INPUTS = {
         "The model `gpt-9` does not exist",
     ),
     "top-p-out-of-range": (CHAT, {"messages": HELLO, "top_p": 1.5}, 400, "top_p must be in (0, 1]"),
-    "two-choices": (CHAT, {"messages": HELLO, "n": 2}, 400, "n must be 1"),
+    "n-over-the-cap": (CHAT, {"messages": HELLO, "n": 17}, 400, "n: at most 16 choices, got 17"),
+    "n-zero": ("/v1/completions", {"prompt": "hi", "n": 0}, 400, "n must be at least 1, got 0"),
+    "n-on-responses": ("/v1/responses", {"input": "hi", "n": 2}, 400, "n is not supported"),
     "speculative-type-not-enabled": (
         CHAT,
         {"messages": HELLO, "speculative": {"types": ["ngram-simple"]}},

@@ -195,7 +195,7 @@ class _Replies:
 
 def test_streamed_calls_are_chunks_with_an_index_and_the_reply_is_null_content() -> None:
     """The SSE chunks and the whole response a reply with two calls becomes."""
-    from specserve.server import streams
+    from specserve.server import choices, streams
 
     ids = streams.Ids("chatcmpl-x", MODEL_ID)
     handle = _Replies([f"<tool_call>{CALL}</tool_call>", f"<tool_call>{CALL}</tool_call>"])
@@ -211,7 +211,8 @@ def test_streamed_calls_are_chunks_with_an_index_and_the_reply_is_null_content()
             for item in items:
                 yield item
 
-        return [line async for line in streams.chat(ids, again(), include_usage=False)]
+        runs = choices.merged([again()])
+        return [line async for line in streams.chat(ids, runs, 1, include_usage=False)]
 
     chunks = [json.loads(c[len("data: ") :]) for c in asyncio.run(sse()) if "[DONE]" not in c]
     sent = [d for c in chunks for d in c["choices"][0]["delta"].get("tool_calls", [])]
@@ -219,5 +220,5 @@ def test_streamed_calls_are_chunks_with_an_index_and_the_reply_is_null_content()
     starts = [(d["index"], d["id"], d["function"]["name"]) for d in sent if "id" in d]
     assert starts == [(n, c.id, "get_weather") for n, c in enumerate(calls)]
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
-    whole = streams.chat_completion(ids, Delta.join(deltas), fin)["choices"][0]
+    whole = streams.chat_completion(ids, [(Delta.join(deltas), fin)])["choices"][0]
     assert whole["message"]["content"] is None and len(whole["message"]["tool_calls"]) == 2
