@@ -11,7 +11,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 ARGS ?=
 
-.PHONY: setup setup-agents setup-browser test test-all lint format serve models clean llama-bench
+.PHONY: setup setup-agents setup-cluster setup-browser test test-all lint format serve models clean llama-bench
 
 setup: $(STAMP)
 
@@ -36,6 +36,10 @@ setup-agents: setup
 	$(BIN)/python -m pip install -q --disable-pip-version-check aiohttp docstring-parser \
 		tenacity regex requests rich typer
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps 'instructor>=1.17,<2'
+
+# Ray Serve, for `specserve serve --replicas N` and its tests (docs/scaling.md)
+setup-cluster: setup
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[cluster]'
 
 # Debian's chromium and its chromedriver, for the chat page's browser tests
 # (tests/server/test_webui_browser.py); apt runs only when one of them is missing

@@ -101,6 +101,17 @@ BENCHES = {
 }
 
 
+def _serve(args: argparse.Namespace) -> None:
+    from specserve.cluster.flags import wants_cluster
+
+    if wants_cluster(args):  # replicas on Ray Serve (specserve/cluster/)
+        import_module("specserve.cluster.deploy").run_cluster(args)
+        return
+    from specserve.server.cli_args import run_serve
+
+    run_serve(args)
+
+
 def _bench(args: argparse.Namespace) -> None:
     import_module(f"specserve.bench.{args.bench}").main(args)
 
@@ -132,11 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object with the result")
     g.set_defaults(func=_generate)
 
-    from specserve.server.cli_args import add_serve_args, run_serve
+    from specserve.cluster.flags import add_cluster_args
+    from specserve.server.cli_args import add_serve_args
 
     srv = sub.add_parser("serve", help="OpenAI-compatible HTTP server with parallel slots")
     add_serve_args(srv)
-    srv.set_defaults(func=run_serve)
+    add_cluster_args(srv)
+    srv.set_defaults(func=_serve)
 
     b = sub.add_parser("bench", help="benchmarks that print a table")
     bsub = b.add_subparsers(dest="bench", required=True)

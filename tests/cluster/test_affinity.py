@@ -1,0 +1,54 @@
+"""The router's choice rule without Ray: prefix affinity, its load bound, forgetting."""
+
+from __future__ import annotations
+
+import pytest
+
+from specserve.cluster.affinity import PrefixRouter, ReplicaTree
+
+TURN1 = list(range(100, 140))  # a 40-token first-turn prompt
+
+
+def test_tree_matches_the_longest_routed_prefix_and_evicts_the_oldest() -> None:
+    tree = ReplicaTree(max_prompts=2)
+    tree.insert([1, 2, 3, 4])
+    tree.insert([1, 2, 9])
+    assert tree.match([1, 2, 3, 4, 5]) == 4
+    assert tree.match([1, 2, 9, 9]) == 3
+    assert tree.match([7]) == 0
+    tree.insert([5, 6])  # over the cap: [1, 2, 3, 4] goes, its shared [1, 2] stays
+    assert len(tree) == 2
+    assert tree.match([1, 2, 3, 4]) == 2
+    assert tree.match([5, 6, 7]) == 2
+
+
+def test_follow_up_turn_goes_to_the_replica_holding_its_prefix() -> None:
+    router: PrefixRouter[str] = PrefixRouter(threshold=2, min_match=8)
+    router.routed("a", TURN1)
+    router.routed("b", list(range(500, 540)))
+    turn2 = TURN1 + [7, 8, 9]
+    # b is less loaded, but within the threshold: the cache wins
+    choice = router.choose(turn2, {"a": 2, "b": 0})
+    assert choice is not None and (choice.replica, choice.reason) == ("a", "affinity")
+    assert choice.matched == len(TURN1)
+
+
+def test_overloaded_affine_replica_falls_back_to_the_least_loaded() -> None:
+    router: PrefixRouter[str] = PrefixRouter(threshold=2, min_match=8)
+    router.routed("a", TURN1)
+    choice = router.choose(TURN1 + [1], {"a": 5, "b": 3, "c": 1})
+    assert choice is not None and (choice.replica, choice.reason) == ("c", "least-loaded")
+
+
+def test_short_or_missing_matches_leave_the_choice_to_power_of_two() -> None:
+    router: PrefixRouter[str] = PrefixRouter(threshold=2, min_match=8)
+    router.routed("a", TURN1)
+    assert router.choose(TURN1[:5] + [0] * 20, {"a": 0, "b": 0}) is None  # 5 < min_match
+    assert router.choose([9] * 30, {"a": 0, "b": 0}) is None
+    router.forget("a")  # it died: what it cached is gone
+    assert router.choose(TURN1, {"a": 0, "b": 0}) is None
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError):
+        PrefixRouter(threshold=-1)
