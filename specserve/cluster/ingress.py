@@ -10,7 +10,8 @@ the call is retried on another replica. One that dies after ends its stream with
 error event (calls.stream_error), never with a silent truncation.
 """
 
-from __future__ import annotations
+# no `from __future__ import annotations`: FastAPI reads the routes' annotations through
+# Ray's ingress wrapper, which does not resolve strings
 
 import asyncio
 import logging
@@ -52,6 +53,21 @@ class _Lost(Exception):
 def _error(status: int, message: str) -> JSONResponse:
     body = {"message": message, "type": "server_error", "param": None, "code": None}
     return JSONResponse({"error": body}, status)
+
+
+async def _relay(
+    first: bytes, rest: DeploymentResponseGenerator, kind: str
+) -> AsyncIterator[bytes]:
+    yield first
+    try:
+        async for chunk in rest:
+            yield chunk
+    except LOST as e:
+        log.warning("replica lost mid-answer: %s", e)
+        yield stream_error(f"the replica serving this request died: {e}", kind)
+
+
+# Ray pickles the class with the module's globals as they are here: helpers go above it
 
 
 @serve.ingress(api)
@@ -120,15 +136,3 @@ class Ingress:
                 log.warning("replica lost before answering (try %d): %s", attempt + 1, e)
                 last = e
         raise _Lost(str(last))
-
-
-async def _relay(
-    first: bytes, rest: DeploymentResponseGenerator, kind: str
-) -> AsyncIterator[bytes]:
-    yield first
-    try:
-        async for chunk in rest:
-            yield chunk
-    except LOST as e:
-        log.warning("replica lost mid-answer: %s", e)
-        yield stream_error(f"the replica serving this request died: {e}", kind)
