@@ -48,6 +48,9 @@ def cluster(tiny_folder: Path) -> Iterator[str]:
     argv += ["--ctx-size", "512", "--threads", "1", "--port", str(_free_port())]
     argv += ["--replicas", "2", "--affinity-threshold", "1", "--affinity-min-match", "8"]
     args = build_parser().parse_args(argv)
+    from specserve.ops.cpu import build
+
+    build.problem()  # the kernels built here, not by two replicas racing for the build lock
     t0 = time.monotonic()
     ray.init(num_cpus=2, include_dashboard=False, runtime_env=deploy._runtime_env())
     try:
