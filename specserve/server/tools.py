@@ -149,6 +149,7 @@ class ToolCallStream:
         self._open: _Open | None = None  # the tagged call being streamed
         self._parts: list[ToolCallDelta] = []  # pieces of calls not yet taken
         self._started = 0  # calls whose start has been sent
+        self._after_call = False  # only white space since the last tagged call closed
         self.calls: list[ToolCall] = []
 
     def take_parts(self) -> list[ToolCallDelta]:
@@ -176,6 +177,8 @@ class ToolCallStream:
                 self.calls.append(self._send_whole(call))
                 return "", [call]
         content, calls = self._split()
+        if self._after_call and not self._inside and not self._text.strip():
+            self._text = ""  # the line breaks after the last call are no content
         rest = (START if self._inside else "") + self._text
         self._text, self._inside, self._open = "", False, None
         return content + rest, calls
@@ -197,15 +200,22 @@ class ToolCallStream:
                 else:
                     calls.append(self._finish(call, block))
                     self.calls.append(calls[-1])
+                    self._after_call = True
                 self._open = None
                 continue
             start = self._text.find(START)
+            upto = start if start >= 0 else len(self._text) - partial_prefix(self._text, START)
+            piece = self._text[:upto]
+            # white space after a call waits: it is content only if text follows
+            if self._after_call and not piece.strip():
+                if start < 0:
+                    return content, calls
+                piece = ""
+            self._after_call = False
+            content += piece
             if start < 0:
-                keep = partial_prefix(self._text, START)
-                content += self._text[: len(self._text) - keep]
-                self._text = self._text[len(self._text) - keep :]
+                self._text = self._text[upto:]
                 return content, calls
-            content += self._text[:start]
             self._text = self._text[start + len(START) :]
             self._inside = True
 

@@ -223,7 +223,9 @@ PROMPTS = [
 ]
 
 
-def _calls(api: openai.OpenAI, prompt: str, choice: Any, extra: dict) -> list[tuple[str, str]]:
+def _calls(
+    api: openai.OpenAI, prompt: str, choice: Any, extra: dict, parallel: bool = False
+) -> list[tuple[str, str]]:
     reply = api.chat.completions.create(
         model=MODEL_ID,
         messages=_ask(prompt),
@@ -231,7 +233,7 @@ def _calls(api: openai.OpenAI, prompt: str, choice: Any, extra: dict) -> list[tu
         tool_choice=choice,
         temperature=0,
         max_tokens=80,
-        parallel_tool_calls=False,  # one call: the 0.5B, let go on, repeats its call
+        parallel_tool_calls=parallel,
         extra_body=extra,
     )
     choice0 = reply.choices[0]
@@ -259,3 +261,13 @@ def test_forced_tool_choice_gives_a_valid_call_every_time(api: openai.OpenAI, ch
         if choice == NAMED:
             assert calls[0][0] == "get_time"
         assert [(n, a) for n, a in _calls(api, prompt, choice, PLAIN)] == calls, prompt
+
+
+@pytest.mark.slow
+def test_required_parallel_calls_end_with_valid_calls(api: openai.OpenAI) -> None:
+    """With parallel calls allowed the 0.5B writes "</tool_call>\n" and then wants to end;
+    the grammar lets it (before, it had to open call after call until max_tokens)."""
+    for prompt in PROMPTS:
+        calls = _calls(api, prompt, "required", {}, parallel=True)
+        assert calls and all(_valid(*c) for c in calls), (prompt, calls)
+        assert _calls(api, prompt, "required", PLAIN, parallel=True) == calls, prompt
