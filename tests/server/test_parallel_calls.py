@@ -63,8 +63,13 @@ def test_required_parallel_calls_end_after_a_line_break(lined, speculative: bool
         args = json.loads(arguments)
         assert name == "get_time" or args["city"] in ("Paris", "Rome")
     # streamed: the line breaks between and after calls are no content deltas either
-    chunks = list(c.create(**kw, stream=True))
+    chunks = list(c.create(**kw, stream=True, stream_options={"include_usage": True}))
     assert not "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    # each chunk still says which tokens are behind it, though the filter rewrote the text
+    specs = [s for ch in chunks if (s := (ch.model_extra or {}).get("speculative"))]
+    assert sum(s["tokens"] for s in specs) == chunks[-1].usage.completion_tokens  # type: ignore[union-attr]
+    if speculative:
+        assert sum(s["drafted"] for s in specs) > 0
     with c.stream(**kw) as stream:
         final = stream.get_final_completion().choices[0]
     assert [(t.function.name, t.function.arguments) for t in final.message.tool_calls] == calls
