@@ -120,12 +120,12 @@ def test_overloaded_affine_replica_sends_turns_to_the_least_loaded(cluster: str)
     seen: list[str] = []
 
     def ask(messages: list[dict[str, str]]) -> None:
-        seen.append(chat(cluster, messages, max_tokens=150).headers[REPLICA])
+        seen.append(chat(cluster, messages, max_tokens=300).headers[REPLICA])
 
     threads = [threading.Thread(target=ask, args=(t,)) for t in turns]
     for t in threads:
         t.start()
-        time.sleep(0.3)  # routed one after another, each seeing the queues the last left
+        time.sleep(0.05)  # routed one after another, each seeing the queues the last left
     for t in threads:
         t.join(180)
     # threshold 1: the home replica takes turns until it is 2 requests ahead, then not
