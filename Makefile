@@ -52,8 +52,8 @@ setup-browser:
 			chromium chromium-driver; \
 	fi
 
-# the default suite: tiny models everywhere, plus the smoke subset of real-model tests
-test: setup setup-browser models lint
+# the default suite: tiny models everywhere, plus the smoke subset of real-model and Ray tests
+test: setup setup-browser setup-cluster models lint
 	$(BIN)/python -m pytest -q -m "not slow or smoke"
 
 # everything, real-model tests included (pulls what they need)
