@@ -1,0 +1,112 @@
+"""The peer as a server: llama.cpp's `llama-server` on the same GGUF, for benchmarks that
+drive a server through its OpenAI routes (`bench serve --sessions ... --llama-server BIN`).
+
+Built by ../shared/tools/build-llama-cpp (see DEVELOPERS.md); never downloaded here.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx2
+
+from specserve.bench.server_process import read_rss_mib
+from specserve.errors import SpecserveError
+
+
+@dataclass(frozen=True)
+class LlamaServerSpec:
+    """What a llama-server run varies; `cache_ram_mib` 0 turns its RAM prompt cache off."""
+
+    exe: Path
+    gguf: Path
+    slots: int
+    ctx_per_slot: int
+    cache_ram_mib: float
+    threads: int = 0  # 0: llama.cpp's default
+    spec: bool = True  # --spec-default (ngram-mod), llama.cpp's own default speculation
+
+    def argv(self, port: int) -> list[str]:
+        argv = [str(self.exe), "-m", str(self.gguf), "--host", "127.0.0.1", "--port", str(port)]
+        argv += ["-np", str(self.slots), "-c", str(self.slots * self.ctx_per_slot)]
+        argv += ["--cache-ram", str(int(self.cache_ram_mib)), "--no-webui"]
+        if self.threads:
+            argv += ["-t", str(self.threads), "-tb", str(self.threads)]
+        return argv + (["--spec-default"] if self.spec else [])
+
+
+class LlamaServer:
+    """One llama-server in a subprocess; a context manager that always stops it."""
+
+    def __init__(self, spec: LlamaServerSpec, log_path: Path, startup_timeout: float = 300.0):
+        if not spec.exe.is_file() or not os.access(spec.exe, os.X_OK):
+            raise SpecserveError(
+                f"no llama-server at {spec.exe}: build it with ../shared/tools/build-llama-cpp"
+            )
+        self.spec = spec
+        self.log_path = log_path
+        self.startup_timeout = startup_timeout
+        self.url = ""
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None, "llama-server is not started"
+        return self._proc.pid
+
+    def __enter__(self) -> LlamaServer:
+        port = _free_port()
+        with self.log_path.open("wb") as log:
+            argv = self.spec.argv(port)
+            self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{port}"
+        try:
+            self._wait_for_health()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def peak_rss_mib(self) -> float:
+        return read_rss_mib(self.pid, "VmHWM")
+
+    def stop(self) -> None:
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def _wait_for_health(self) -> None:
+        # /health is 503 while the model loads, 200 once it serves
+        assert self._proc is not None
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                tail = self.log_path.read_text(errors="replace").splitlines()[-20:]
+                raise SpecserveError("llama-server exited at start:\n" + "\n".join(tail))
+            try:
+                if httpx2.get(self.url + "/health", timeout=5).status_code == 200:
+                    return
+            except httpx2.TransportError:
+                pass
+            time.sleep(0.2)
+        raise SpecserveError(f"llama-server did not start in {self.startup_timeout:.0f}s")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
