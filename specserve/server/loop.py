@@ -79,6 +79,7 @@ class EngineStatus:
     generation_tokens: int = 0
     finished: dict[str, int] = field(default_factory=dict)
     spec: dict[str, Any] | None = None
+    store: dict[str, int] | None = None  # the prompt store's counters (None: no store)
 
 
 class Handle:
@@ -384,6 +385,7 @@ class EngineLoop:
             generation_tokens=self._generation_tokens,
             finished=dict(self._finished),
             spec=spec.stats.as_dict() if spec is not None else None,
+            store=store.stats() if (store := self.engine.prompts.store) is not None else None,
         )
 
 
