@@ -125,7 +125,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     )
     sessions.add_argument("--turns", type=positive, default=4, help="turns per session (4)")
     sessions.add_argument(
-        "--turn-words", type=positive, default=330, help="words of each user turn (330)"
+        "--turn-words",
+        type=positive,
+        default=80,
+        help="words of a later turn's tool output; the first turn's task has 6x (80)",
     )
     sessions.add_argument(
         "--cache-ram", type=float, default=None, help="the store-on server's --cache-ram MiB"

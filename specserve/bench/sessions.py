@@ -5,15 +5,18 @@ and off.
 
 N sessions, interleaved over `--clients` concurrent clients (default: the slot count):
 client c runs sessions c, c + clients, ... one turn of each in turn, so far more
-conversations are live than there are slots. Every session shares one system prompt; each
-turn adds a tool-output-like user message of about 600 tokens and re-sends the whole
-history (greedy answers of `--max-tokens`, kept in the history), so turn 4 is ~2-3k tokens.
-The same workload runs against a server with the prompt store (`--cache-ram`, default the
-server's) and one with `--cache-ram 0`, in interleaved rounds. Reported per setting: mean
-time to first token on turn 1 and on turns 2+, the share of returning prompts (turns 2+)
-that `usage.cached_tokens` covers (their sum, and the least of any one prompt), and the
-server's peak RSS (VmHWM). The issue's target: TTFT on turns 2+ with the store <= 0.25x
-of it without, and >= 90 % of each returning prompt cached.
+conversations are live than there are slots. Shaped like a coding agent's: every session
+shares one long system prompt (tool descriptions), its first user message is the task
+with its context (6x `--turn-words` words of code-like text), and each later turn adds a
+short tool output (`--turn-words`, default 80 words), re-sending the whole history with the
+greedy answers of `--max-tokens` in it: about 1.5k tokens at turn 1, 2-3k by turn 4 on the
+0.5B's tokenizer. The same workload runs against a server with the prompt store
+(`--cache-ram`, default the server's) and one with `--cache-ram 0`, in interleaved rounds.
+Reported per setting: mean time to first token on turn 1 and on turns 2+, the share of
+returning prompts (turns 2+) that `usage.cached_tokens` covers (their sum, and the least of
+any one prompt), the server's peak RSS (VmHWM) and the store's bytes and budget. The issue's
+targets: TTFT on turns 2+ with the store <= 0.25x of it without; >= 90 % of each returning
+prompt cached.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ if TYPE_CHECKING:
 
 TARGET_TTFT_RATIO = 0.25
 TARGET_CACHED_SHARE = 0.9
-WORDS_PER_TURN = 330  # about 600 tokens of code-like text per user turn (--turn-words)
+WORDS_PER_TURN = 80  # words of a later turn's tool output (--turn-words); the task: 6x
 _WORDS = [
     "def",
     "return",
@@ -117,8 +120,8 @@ class SessionRow:
 
 
 def system_prompt(words_per_turn: int) -> str:
-    """The system prompt every session shares, about as long as one turn's message."""
-    return SYSTEM * max(1, words_per_turn // 40)
+    """The system prompt every session shares (tool descriptions), ~4x a later turn's."""
+    return SYSTEM * max(1, words_per_turn // 5)
 
 
 def tool_output(session: int, turn: int, words_per_turn: int = WORDS_PER_TURN) -> str:
@@ -129,7 +132,8 @@ def tool_output(session: int, turn: int, words_per_turn: int = WORDS_PER_TURN) -
         n = rng.randint(4, 10)
         lines.append("    " * rng.randint(0, 2) + " ".join(rng.choices(_WORDS, k=n)))
         words += n
-    return f"Step {turn} of task {session}. Tool output:\n" + "\n".join(lines)
+    head = f"Task {session}: fix the failing code below." if turn == 1 else f"Step {turn} output:"
+    return head + "\n" + "\n".join(lines)
 
 
 async def _session_turn(
@@ -169,7 +173,8 @@ async def _client(url: str, sessions: list[int], shape: Shape) -> list[Turn]:
     try:
         for turn in range(1, shape.turns + 1):
             for s in sessions:
-                history[s].append({"role": "user", "content": tool_output(s, turn, shape.words)})
+                words = shape.words * (6 if turn == 1 else 1)
+                history[s].append({"role": "user", "content": tool_output(s, turn, words)})
                 out.append(Turn(s, turn))
                 await _session_turn(api, history[s], shape.max_tokens, out[-1])
     finally:

@@ -17,7 +17,7 @@ def test_bench_sessions_caches_returning_turns_only_with_the_store(
 ) -> None:
     argv = ["bench", "serve", "--model", str(tiny_folder), "--dtype", "float64"]
     argv += ["--device", "cpu", "--threads", "1", "--slots", "1", "--spec", "off"]
-    argv += ["--sessions", "3", "--turns", "2", "--turn-words", "8", "--max-tokens", "4"]
+    argv += ["--sessions", "3", "--turns", "2", "--turn-words", "4", "--max-tokens", "4"]
     argv += ["--cache-ram", "16", "--repeats", "1", "--in-process", "--out", str(tmp_path / "s")]
     assert main(argv) == 0
     out = capsys.readouterr().out
