@@ -47,6 +47,11 @@ def default_budget(meminfo: str = "/proc/meminfo") -> int:
     return 0
 
 
+def _host(kv: KV) -> KV:
+    """The store lives in host memory whatever device the slots are on."""
+    return [(k.to("cpu"), v.to("cpu")) for k, v in kv]
+
+
 def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -171,8 +176,11 @@ class PromptStore:
         extra: tuple[object, int],
     ) -> bool:
         n_full = len(tokens) // self.block * self.block
-        tail = memory.read_kv(slot, n_full, len(tokens))
-        rec = memory.recurrent.save(slot) if memory.recurrent is not None else None
+        tail = _host(memory.read_kv(slot, n_full, len(tokens)))
+        rec = None
+        if memory.recurrent is not None:
+            conv, ssm = memory.recurrent.save(slot)
+            rec = [t.to("cpu") for t in conv], [t.to("cpu") for t in ssm]
         entry = Entry(tuple(tokens), salt, list(shared), tail, rec, *extra)
         n_missing = n_full // self.block - len(shared)
         need = entry.own_bytes + self._block_bytes(memory) * n_missing
@@ -183,7 +191,8 @@ class PromptStore:
         parent: object = shared[-1] if shared else ("tenant", salt)
         for start in range(len(shared) * self.block, n_full, self.block):
             key = (parent, tuple(tokens[start : start + self.block]))
-            parent = self._add_block(key, memory.read_kv(slot, start, start + self.block))
+            kv = _host(memory.read_kv(slot, start, start + self.block))
+            parent = self._add_block(key, kv)
             entry.blocks.append(parent)
         for bid in entry.blocks:
             self._blocks[bid].users += 1
@@ -251,6 +260,10 @@ class PromptStore:
         self.hits += 1
         self.hit_tokens += n
         return entry
+
+    def count_miss(self) -> None:
+        """A prompt that neither a slot nor an entry gave anything."""
+        self.misses += 1
 
     def clear(self) -> None:
         for eid in list(self.entries):

@@ -102,7 +102,8 @@ class PromptCache:
             return None, 0
         eid, n = self.store.match(prompt, salt)
         if eid is None or n <= n_slot:
-            self.store.misses += int(n_slot == 0)
+            if n_slot == 0:
+                self.store.count_miss()
             return None, 0
         return eid, n
 

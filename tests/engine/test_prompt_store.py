@@ -234,6 +234,7 @@ def test_many_conversations_over_few_slots_all_come_back() -> None:
             held[i] = len(req.context) - 1
             convs[i] = req.context + _tokens(5, 80 + i)
     assert _store(engine).hits >= 3
+    assert _store(engine).misses == 5  # each first turn: nothing in a slot or the store
     assert _store(engine).bytes <= _store(engine).budget
 
 
