@@ -3,6 +3,7 @@
     specserve bench serve                                  # slots 1 2 4 x speculation on, off
     specserve bench serve --out results/serve              # + results/serve.json, .png
     specserve bench serve --load --clients 8 --duration 300   # errors and RSS under load
+    specserve bench serve --sessions 16 --turns 4          # the prompt store on vs off
 
 For each configuration a fresh `specserve serve` subprocess (so the speculators start
 empty) gets one unmeasured warm-up request, then `--clients` concurrent OpenAI streaming
@@ -118,6 +119,20 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="run each server in a thread of this process (quick start, for tests); the "
         "default subprocess keeps the clients off the engine's GIL and its RSS its own",
     )
+    sessions = p.add_argument_group("sessions mode (bench/sessions.py): the prompt store")
+    sessions.add_argument(
+        "--sessions", type=positive, default=None, help="agent-like sessions, store on vs off"
+    )
+    sessions.add_argument("--turns", type=positive, default=4, help="turns per session (4)")
+    sessions.add_argument(
+        "--turn-words",
+        type=positive,
+        default=80,
+        help="words of a later turn's tool output; the first turn's task has 6x (80)",
+    )
+    sessions.add_argument(
+        "--cache-ram", type=float, default=None, help="the store-on server's --cache-ram MiB"
+    )
     load = p.add_argument_group("load mode")
     load.add_argument("--load", action="store_true", help="errors and RSS under steady load")
     load.add_argument("--duration", type=float, default=300.0, help="seconds of load (300)")
@@ -140,6 +155,11 @@ def main(args: argparse.Namespace) -> None:
         from specserve.bench import serve_load
 
         serve_load.main(args)
+        return
+    if args.sessions:
+        from specserve.bench import sessions
+
+        sessions.main(args)
         return
     work = Workload(
         clients=args.clients or 4,

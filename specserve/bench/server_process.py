@@ -46,6 +46,7 @@ class ServerSpec:
     device: str | None = None  # None: the server's own choice (cuda when available)
     ctx_size: int = 0
     threads: int = 0  # OMP_NUM_THREADS for the server; 0 = torch's default
+    cache_ram: float | None = None  # --cache-ram MiB (the prompt store); None: the default
 
     def flags(self) -> list[str]:
         """The `specserve serve` flags for this server on a free 127.0.0.1 port."""
@@ -53,6 +54,7 @@ class ServerSpec:
         flags += ["--weights", self.weights]
         flags += ["-np", str(self.slots), "--spec-type", self.spec_type]
         flags += ["--host", "127.0.0.1", "--port", "0", "--ctx-size", str(self.ctx_size)]
+        flags += ["--cache-ram", f"{self.cache_ram:g}"] if self.cache_ram is not None else []
         return flags + (["--device", self.device] if self.device else [])
 
     def argv(self) -> list[str]:

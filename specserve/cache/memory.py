@@ -119,6 +119,50 @@ class Memory:
         if self.recurrent is not None:
             self.recurrent.load(slot, state.conv, state.ssm)
 
+    def nbytes_of(self, slot: int) -> int:
+        """Bytes a `save` of the slot takes: its KV up to its length, its recurrent state."""
+        n = self.length(slot)
+        kv = sum(2 * t[slot, :n].numel() * t.element_size() for t in self.kv.k)
+        if self.recurrent is None:
+            return kv
+        rec = self.recurrent
+        return kv + sum(t[slot].numel() * t.element_size() for t in rec.conv + rec.ssm)
+
+    def read_kv(self, slot: int, start: int, end: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of the slot's attention KV for positions start .. end - 1, per layer."""
+        if not 0 <= start <= end <= self.length(slot):
+            raise ValueError(f"slot {slot}: no KV at {start}..{end} of {self.length(slot)}")
+        layers = zip(self.kv.k, self.kv.v, strict=True)
+        return [(k[slot, start:end].clone(), v[slot, start:end].clone()) for k, v in layers]
+
+    def load_prefix(
+        self,
+        slot: int,
+        pieces: list[list[tuple[torch.Tensor, torch.Tensor]]],
+        n: int,
+        recurrent: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
+    ) -> None:
+        """Fill a slot with the first n positions of consecutive KV pieces (each per layer
+        (k, v) [len, heads, dim]) and, for a recurrent model, the state after exactly n
+        tokens; whatever the slot held is forgotten."""
+        if n > self.max_len:
+            raise ValueError(f"a {n}-token state does not fit {self.max_len} positions")
+        if (self.recurrent is not None) != (recurrent is not None):
+            raise ValueError("a recurrent model's slot needs its recurrent state, and only it")
+        self.free(slot)
+        pos = 0
+        for piece in pieces:
+            take = min(n - pos, piece[0][0].shape[0]) if piece else 0
+            for layer, (k, v) in enumerate(piece):
+                self.kv.k[layer][slot, pos : pos + take] = k[:take]
+                self.kv.v[layer][slot, pos : pos + take] = v[:take]
+            pos += take
+        if pos != n:
+            raise ValueError(f"the pieces hold {pos} positions, not {n}")
+        self.kv.lengths[slot] = n
+        if self.recurrent is not None and recurrent is not None:
+            self.recurrent.load(slot, *recurrent)
+
     def nbytes(self) -> dict[str, int]:
         """Bytes held: attention KV, and recurrent live states, snapshots and checkpoints."""
         out = {"kv": self.kv.nbytes()}

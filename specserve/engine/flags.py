@@ -77,6 +77,15 @@ def add_engine_args(p: argparse.ArgumentParser, default_spec: str, slots: int) -
         "tokens and a new request starts after the prefix it shares with them (a "
         "follow-up turn, a common system prompt); requests may opt out with cache_prompt",
     )
+    m.add_argument(
+        "--cache-ram",
+        type=float,
+        default=None,
+        metavar="MB",
+        help="MiB of host memory for the prompt store, which keeps the slots' states after "
+        "their slots are reused and restores a returning conversation's (LRU); default: a "
+        "quarter of available memory, at most 8 GiB; 0 turns it off",
+    )
     if slots > 1:
         m.add_argument(
             "--parallel", "-np", type=int, default=slots, help=f"parallel slots (default {slots})"
@@ -136,6 +145,7 @@ def settings_from_args(args: argparse.Namespace) -> EngineSettings:
         prepack=args.prepack,
         threads=args.threads,
         cache_prompt=args.cache_prompt,
+        cache_ram_mb=args.cache_ram,
         rollback=args.rollback,
         snapshot_depth=args.draft_max + 1,  # n_rs_seq: every draft token plus the last one
         snapshot_budget_mb=args.rollback_budget_mb,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specserve.cache.store import PromptStore, default_budget
 from specserve.engine.engine import Engine
 from specserve.engine.rollback import STRATEGIES
 from specserve.engine.runner import DEFAULT_SNAPSHOT_DEPTH, ModelRunner
@@ -36,6 +37,7 @@ class EngineSettings:
     prepack: bool = True  # float32 CPU linears on oneDNN's packed weights (layers/packed.py)
     threads: int = 0  # torch threads; 0 = 1 or all per forward, as measured (engine/threads.py)
     cache_prompt: bool = True  # a slot's next request reuses the prefix it holds
+    cache_ram_mb: float | None = None  # the prompt store's budget; None: from free memory
     # recurrent (hybrid) models: how verification rolls state back (engine/rollback.py)
     rollback: str = "auto"  # snapshots | checkpoint | auto
     snapshot_depth: int = DEFAULT_SNAPSHOT_DEPTH  # n_rs_seq = draft max + 1
@@ -46,6 +48,8 @@ class EngineSettings:
             raise SpecserveError(f"parallel slots (-np) must be >= 1, got {self.num_slots}")
         if self.ctx_size < 0:
             raise SpecserveError(f"--ctx-size must be >= 0, got {self.ctx_size}")
+        if self.cache_ram_mb is not None and self.cache_ram_mb < 0:
+            raise SpecserveError(f"--cache-ram must be >= 0 MiB, got {self.cache_ram_mb}")
         if self.rollback not in STRATEGIES:
             raise SpecserveError(
                 f"--rollback must be one of {', '.join(STRATEGIES)}, got {self.rollback!r}"
@@ -110,6 +114,9 @@ def build_engine(
     # drafts are cut to what verifying them costs on this machine, as measured while serving
     cost = ForwardCost(measure=True)
     engine = Engine(runner, speculator, cost=cost, threads=_threads(s), prompt_cache=s.cache_prompt)
+    mb = s.cache_ram_mb
+    budget = default_budget() if mb is None else int(mb * 2**20)
+    engine.prompts.use_store(PromptStore(budget), speculator)
     return engine, target
 
 

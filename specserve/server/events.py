@@ -49,6 +49,7 @@ class EngineStatus:
     generation_tokens: int = 0
     finished: dict[str, int] = field(default_factory=dict)
     spec: dict[str, Any] | None = None
+    store: dict[str, int] | None = None  # the prompt store's counters (None: no store)
 
 
 def slot_states(engine: Engine) -> list[dict[str, Any]]:

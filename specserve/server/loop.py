@@ -343,4 +343,5 @@ class EngineLoop:
             generation_tokens=self._generation_tokens,
             finished=dict(self._finished),
             spec=spec.stats.as_dict() if spec is not None else None,
+            store=store.stats() if (store := self.engine.prompts.store) is not None else None,
         )

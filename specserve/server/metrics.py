@@ -116,6 +116,7 @@ class EngineCollector(Collector):
             COUNTER, "generation_tokens_total", "Tokens generated.", status.generation_tokens
         )
         yield from self._spec(status.spec or {})
+        yield from self._store(status.store or {})
         for family in self.loop.latency.families():
             yield _labelled(family, self.model)
 
@@ -143,6 +144,19 @@ class EngineCollector(Collector):
         for i, n in enumerate(stats.get("accepted_per_pos", [])):
             per_pos.add_metric([self.model, str(i)], n)
         yield per_pos
+
+    def _store(self, stats: dict[str, int]) -> Iterator[Metric]:
+        """The prompt store (engine/prompt_cache.py); zeros without one."""
+        for kind, name, key, doc in (
+            (COUNTER, "prompt_store_hits_total", "hits", "Prompts restored from the store."),
+            (COUNTER, "prompt_store_misses_total", "misses", "Prompts no slot or entry gave."),
+            (COUNTER, "prompt_store_hit_tokens_total", "hit_tokens", "Tokens restored."),
+            (COUNTER, "prompt_store_evictions_total", "evictions", "Entries evicted (LRU)."),
+            (GAUGE, "prompt_store_entries", "entries", "Entries held."),
+            (GAUGE, "prompt_store_bytes", "bytes", "Bytes held."),
+            (GAUGE, "prompt_store_budget_bytes", "budget", "The byte budget (--cache-ram)."),
+        ):
+            yield self._one(kind, name, doc, stats.get(key, 0))
 
 
 def _labelled(family: Metric, model: str) -> Metric:

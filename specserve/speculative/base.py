@@ -258,6 +258,15 @@ class Speculator:
         self._reset(slot)
         self._tenants.pop(slot, None)
 
+    def save_state(self, slot: int) -> tuple[object, int]:
+        """(state, bytes): the slot's per-sequence state that is not a function of its tokens
+        (a draft model's memory), saved with the target's in the prompt store; (None, 0)
+        where a speculator rebuilds all it keeps from the prompt at `begin`."""
+        return None, 0
+
+    def restore_state(self, slot: int, state: object) -> None:
+        """Put back what `save_state` gave, into any slot, before that slot's `begin`."""
+
     # hooks -------------------------------------------------------------------------------
     def _begin(self, slot: int, prompt: Sequence[int]) -> None:
         pass

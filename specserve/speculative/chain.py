@@ -52,6 +52,19 @@ class ChainSpeculator(Speculator):
         for s in self.children:
             s.begin(slot, prompt, self.tenant(slot))
 
+    def save_state(self, slot: int) -> tuple[object, int]:
+        states = [s.save_state(slot) for s in self.children]
+        if all(state is None for state, _ in states):
+            return None, 0
+        return [state for state, _ in states], sum(n for _, n in states)
+
+    def restore_state(self, slot: int, state: object) -> None:
+        if not isinstance(state, list) or len(state) != len(self.children):
+            raise TypeError("a chain restores the list of its children's states")
+        for child, own in zip(self.children, state, strict=True):
+            if own is not None:
+                child.restore_state(slot, own)
+
     def _reset(self, slot: int) -> None:
         self._chosen.pop(slot, None)
         for s in self.children:

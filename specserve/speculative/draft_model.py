@@ -20,7 +20,7 @@ speculation off token for token at any temperature (see speculative/verify.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -31,6 +31,7 @@ from specserve.tokens import shared_prefix
 
 class DraftMemory(Protocol):
     def length(self, slot: int) -> int: ...
+    def nbytes_of(self, slot: int) -> int: ...
     def restorable(self, slot: int, n: int) -> int: ...
     def checkpoint(self, slot: int) -> None: ...
     def commit(self, slot: int, n_keep: int) -> None: ...
@@ -44,6 +45,8 @@ class DraftRunner(Protocol):
     def memory(self) -> DraftMemory: ...
 
     def forward(self, work: list[SlotInput]) -> list[torch.Tensor]: ...
+    def save(self, slot: int) -> Any: ...
+    def restore(self, slot: int, saved: Any) -> None: ...
 
 
 class DraftModelSpeculator(Speculator):
@@ -56,6 +59,23 @@ class DraftModelSpeculator(Speculator):
         self.relative_cost = relative_cost
         self.prefill_chunk = prefill_chunk
         self._fed: dict[int, list[int]] = {}  # tokens whose state the draft memory holds
+
+    def save_state(self, slot: int) -> tuple[object, int]:
+        """The draft memory of the slot and the tokens it holds: a restored conversation
+        drafts at once instead of re-feeding its history to the draft model."""
+        fed = self._fed.get(slot)
+        if not fed:
+            return None, 0
+        n = self.runner.memory.length(slot)
+        fed = fed[:n]
+        return (list(fed), self.runner.save(slot)), self.runner.memory.nbytes_of(slot)
+
+    def restore_state(self, slot: int, state: object) -> None:
+        if not isinstance(state, tuple) or len(state) != 2:
+            raise TypeError("a draft model restores (tokens, saved slot)")
+        fed, saved = state
+        self.runner.restore(slot, saved)
+        self._fed[slot] = list(fed)
 
     def _catch_up(self, req: DraftRequest) -> list[int]:
         """Roll the slot back to what it shares with the context; return the tokens to feed

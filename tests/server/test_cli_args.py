@@ -73,13 +73,29 @@ def test_built_server_follows_the_flags(tiny_folder: Path) -> None:
         (["--spec-type", "draft"], "--spec-type draft needs --draft-model"),
         (["-np", "0"], "parallel slots \\(-np\\) must be >= 1"),
         (["--max-queue", "-1"], "--max-queue must be >= 0"),
+        (["--cache-ram", "-1"], "--cache-ram must be >= 0"),
     ],
-    ids=["draft-without-model", "no-slots", "negative-queue"],
+    ids=["draft-without-model", "no-slots", "negative-queue", "negative-cache-ram"],
 )
 def test_bad_flags_are_clear_errors(tiny_folder: Path, argv: list[str], message: str) -> None:
     args = parse("--model", str(tiny_folder), "--device", "cpu", "-c", "64", *argv)
     with pytest.raises(SpecserveError, match=message):
         build_server(args)
+
+
+def test_cache_ram_sizes_the_prompt_store(tiny_folder: Path) -> None:
+    base = ("--model", str(tiny_folder), "--device", "cpu", "-c", "64", "--spec-type", "none")
+
+    def budget(*argv: str) -> int | None:
+        loop, _, _ = build_server(parse(*base, *argv))
+        loop.compute.close()
+        store = loop.engine.prompts.store
+        return None if store is None else store.budget
+
+    assert budget("--cache-ram", "12.5") == int(12.5 * 2**20)
+    assert budget("--cache-ram", "0") is None
+    assert 0 < (budget() or 0) <= 8 * 2**30  # default: from available memory, capped
+    assert budget("--no-cache-prompt") is None  # no prompt reuse: nothing to store for
 
 
 def test_bad_draft_settings_are_value_errors() -> None:

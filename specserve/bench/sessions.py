@@ -1,0 +1,300 @@
+"""`specserve bench serve --sessions N --turns T`: agent-like sessions, the prompt store on
+and off.
+
+    specserve bench serve --sessions 16 --turns 4 --slots 4 [--cache-ram MB] [--repeats 1]
+
+N sessions, interleaved over `--clients` concurrent clients (default: the slot count):
+client c runs sessions c, c + clients, ... one turn of each in turn, so far more
+conversations are live than there are slots. Shaped like a coding agent's: every session
+shares one long system prompt (tool descriptions), its first user message is the task
+with its context (6x `--turn-words` words of code-like text), and each later turn adds a
+short tool output (`--turn-words`, default 80 words), re-sending the whole history with the
+greedy answers of `--max-tokens` in it: about 1.5k tokens at turn 1, 2-3k by turn 4 on the
+0.5B's tokenizer. The same workload runs against a server with the prompt store
+(`--cache-ram`, default the server's) and one with `--cache-ram 0`, in interleaved rounds.
+Reported per setting: mean time to first token on turn 1 and on turns 2+, the share of
+returning prompts (turns 2+) that `usage.cached_tokens` covers (their sum, and the least of
+any one prompt), the server's peak RSS (VmHWM) and the store's bytes and budget. The issue's
+targets: TTFT on turns 2+ with the store <= 0.25x of it without; >= 90 % of each returning
+prompt cached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specserve.bench.report import Column, format_table, out_paths, write_json
+from specserve.bench.server_process import MODEL_ID, launch, read_rss_mib, server_spec
+from specserve.bench.workload import _api, warm_up
+
+if TYPE_CHECKING:
+    import openai
+
+TARGET_TTFT_RATIO = 0.25
+TARGET_CACHED_SHARE = 0.9
+WORDS_PER_TURN = 80  # words of a later turn's tool output (--turn-words); the task: 6x
+_WORDS = [
+    "def",
+    "return",
+    "self",
+    "value",
+    "index",
+    "result",
+    "buffer",
+    "size",
+    "for",
+    "while",
+    "if",
+    "else",
+    "None",
+    "list",
+    "dict",
+    "import",
+    "error",
+    "path",
+    "config",
+    "request",
+    "token",
+    "cache",
+    "slot",
+    "the",
+    "of",
+    "to",
+    "and",
+    "in",
+    "is",
+]
+SYSTEM = (
+    "You are a coding agent. You read tool outputs and answer with the next action. "
+    "Tools: read_file(path), write_file(path, text), run(cmd), search(query). "
+)
+COLUMNS = (
+    Column("store", "store"),
+    Column("requests", "requests"),
+    Column("ttft_first_s", "TTFT turn 1 s", ".2f"),
+    Column("ttft_later_s", "TTFT turns 2+ s", ".2f"),
+    Column("ratio", "vs store off", ".2f"),
+    Column("cached_share", "cached share 2+", ".1%"),
+    Column("cached_min", "least cached", ".1%"),
+    Column("prompt_tokens_last", "prompt tok last turn"),
+    Column("peak_rss_mib", "peak RSS MiB", ".0f"),
+    Column("store_mib", "store MiB", ".0f"),
+    Column("budget_mib", "budget MiB", ".0f"),
+    Column("errors", "errors"),
+)
+
+
+@dataclass
+class Turn:
+    session: int
+    turn: int
+    ttft_s: float | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass
+class SessionRow:
+    store: str  # "on" or "off"
+    requests: int
+    ttft_first_s: float | None
+    ttft_later_s: float | None
+    cached_share: float
+    cached_min: float
+    prompt_tokens_last: int
+    peak_rss_mib: float
+    errors: int
+    ratio: float | None = None  # ttft_later_s over the store-off row's
+    store_mib: float = 0.0  # what the store held at the end
+    budget_mib: float = 0.0  # its budget (--cache-ram)
+    turns: list[Turn] = field(default_factory=list)
+
+
+def system_prompt(words_per_turn: int) -> str:
+    """The system prompt every session shares (tool descriptions), ~4x a later turn's."""
+    return SYSTEM * max(1, words_per_turn // 5)
+
+
+def tool_output(session: int, turn: int, words_per_turn: int = WORDS_PER_TURN) -> str:
+    """A deterministic, code-like user message for one session's turn."""
+    rng = random.Random(session * 1000 + turn)
+    lines, words = [], 0
+    while words < words_per_turn:
+        n = rng.randint(4, 10)
+        lines.append("    " * rng.randint(0, 2) + " ".join(rng.choices(_WORDS, k=n)))
+        words += n
+    head = f"Task {session}: fix the failing code below." if turn == 1 else f"Step {turn} output:"
+    return head + "\n" + "\n".join(lines)
+
+
+async def _session_turn(
+    api: openai.AsyncOpenAI, messages: list[Any], max_tokens: int, t: Turn
+) -> None:
+    t0 = time.perf_counter()
+    answer = ""
+    try:
+        stream = await api.chat.completions.create(
+            model=MODEL_ID,
+            messages=messages,
+            max_tokens=max_tokens,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        async for chunk in stream:
+            content = chunk.choices[0].delta.content if chunk.choices else None
+            if content:
+                answer += content
+                if t.ttft_s is None:
+                    t.ttft_s = time.perf_counter() - t0
+            if chunk.usage is not None:
+                t.prompt_tokens = chunk.usage.prompt_tokens
+                details = chunk.usage.prompt_tokens_details
+                t.cached_tokens = (details.cached_tokens or 0) if details else 0
+    except Exception as e:  # noqa: BLE001 - every failure is counted, none stops the run
+        t.error = f"{type(e).__name__}: {e}"
+    messages.append({"role": "assistant", "content": answer})
+
+
+async def _client(url: str, sessions: list[int], shape: Shape) -> list[Turn]:
+    api = _api(url, 1800.0)
+    system = system_prompt(shape.words)
+    history = {s: [{"role": "system", "content": system}] for s in sessions}
+    out = []
+    try:
+        for turn in range(1, shape.turns + 1):
+            for s in sessions:
+                words = shape.words * (6 if turn == 1 else 1)
+                history[s].append({"role": "user", "content": tool_output(s, turn, words)})
+                out.append(Turn(s, turn))
+                await _session_turn(api, history[s], shape.max_tokens, out[-1])
+    finally:
+        await api.close()
+    return out
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The workload: sessions, turns each, clients at once, answer and message sizes."""
+
+    sessions: int
+    turns: int
+    clients: int
+    max_tokens: int
+    words: int = WORDS_PER_TURN
+
+
+def run_sessions(url: str, shape: Shape) -> list[Turn]:
+    """Every session's turns, `clients` at a time (client c: sessions c, c + clients, ...)."""
+
+    async def run() -> list[Turn]:
+        n, c = shape.sessions, shape.clients
+        groups = [list(range(i, n, c)) for i in range(min(c, n))]
+        done = await asyncio.gather(*(_client(url, g, shape) for g in groups))
+        return [t for group in done for t in group]
+
+    return asyncio.run(run())
+
+
+def store_bytes(url: str) -> tuple[float, float]:
+    """(bytes held, budget) of the server's prompt store, from its /metrics."""
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as page:
+        text = page.read().decode()
+    values = {}
+    for line in text.splitlines():
+        for key in ("prompt_store_bytes", "prompt_store_budget_bytes"):
+            if line.startswith(f"specserve:{key}{{"):
+                values[key] = float(line.rsplit(" ", 1)[1])
+    return values.get("prompt_store_bytes", 0.0), values.get("prompt_store_budget_bytes", 0.0)
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def summarise(store: str, turns: list[Turn], peak_rss_mib: float) -> SessionRow:
+    ok = [t for t in turns if t.error is None]
+    later = [t for t in ok if t.turn > 1]
+    shares = [t.cached_tokens / t.prompt_tokens for t in later if t.prompt_tokens]
+    prompt_later = sum(t.prompt_tokens for t in later)
+    last = max((t.turn for t in ok), default=0)
+    return SessionRow(
+        store=store,
+        requests=len(turns),
+        ttft_first_s=_mean([t.ttft_s for t in ok if t.turn == 1 and t.ttft_s is not None]),
+        ttft_later_s=_mean([t.ttft_s for t in later if t.ttft_s is not None]),
+        cached_share=sum(t.cached_tokens for t in later) / prompt_later if prompt_later else 0.0,
+        cached_min=min(shares, default=0.0),
+        prompt_tokens_last=max((t.prompt_tokens for t in ok if t.turn == last), default=0),
+        peak_rss_mib=peak_rss_mib,
+        errors=len(turns) - len(ok),
+        turns=turns,
+    )
+
+
+def main(args: argparse.Namespace) -> None:
+    slots = (args.slots or [4])[0]
+    shape = Shape(
+        args.sessions, args.turns, args.clients or slots, args.max_tokens, args.turn_words
+    )
+    settings = [("on", args.cache_ram), ("off", 0.0)]
+    order = [s for r in range(args.repeats) for s in (settings if r % 2 == 0 else settings[::-1])]
+    rows: dict[str, list[SessionRow]] = {}
+    with tempfile.TemporaryDirectory(prefix="specserve-sessions-") as tmp:
+        log_dir = args.log_dir or Path(tmp)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        for i, (name, mb) in enumerate(order):
+            sspec = replace(server_spec(args, slots, args.spec[0]), cache_ram=mb)
+            with launch(sspec, log_dir / f"server-sessions-{name}-{i}.log", args.in_process) as srv:
+                warm_up(srv.url)
+                turns = run_sessions(srv.url, shape)
+                peak = read_rss_mib(srv.pid, "VmHWM")
+                held, budget = store_bytes(srv.url)
+            row = summarise(name, turns, peak)
+            row.store_mib, row.budget_mib = held / 2**20, budget / 2**20
+            rows.setdefault(name, []).append(row)
+            print(
+                f"store {name}: turns 2+ mean TTFT {row.ttft_later_s or 0:.2f}s, "
+                f"{row.cached_share:.1%} cached, peak RSS {peak:.0f} MiB",
+                flush=True,
+            )
+    table = [_median(rs) for rs in rows.values()]
+    base = _median(rows["off"]).ttft_later_s if "off" in rows else None
+    for row in table:
+        if base and row.ttft_later_s is not None:
+            row.ratio = row.ttft_later_s / base
+    print(f"{shape.sessions} sessions x {shape.turns} turns, -np {slots}, {shape.clients} clients")
+    shown = [{k: v for k, v in asdict(r).items() if k != "turns"} for r in table]
+    print(format_table(shown, COLUMNS))
+    print(verdict(table))
+    if args.out:
+        json_path, _ = out_paths(args.out)
+        write_json(json_path, {"rows": [asdict(r) for rs in rows.values() for r in rs]})
+        print(f"wrote {json_path}")
+
+
+def _median(rows: list[SessionRow]) -> SessionRow:
+    ranked = sorted(rows, key=lambda r: r.ttft_later_s or 0.0)
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def verdict(table: list[SessionRow]) -> str:
+    on = next((r for r in table if r.store != "off"), None)
+    if on is None or on.ratio is None:
+        return "no store-on row with a store-off row to compare"
+    ttft = "meets" if on.ratio <= TARGET_TTFT_RATIO else "misses"
+    cached = "meets" if on.cached_min >= TARGET_CACHED_SHARE else "misses"
+    return (
+        f"store on: turns 2+ TTFT {on.ratio:.2f}x of off ({ttft} <= {TARGET_TTFT_RATIO}x); "
+        f"least cached share of a returning prompt {on.cached_min:.1%} ({cached} >= "
+        f"{TARGET_CACHED_SHARE:.0%})"
+    )

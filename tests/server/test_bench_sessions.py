@@ -1,0 +1,44 @@
+"""`specserve bench serve --sessions` end to end on the tiny model: the prompt store on and
+off, over more sessions than slots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specserve.bench.sessions import tool_output
+from specserve.cli import main
+
+
+def test_bench_sessions_caches_returning_turns_only_with_the_store(
+    tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["bench", "serve", "--model", str(tiny_folder), "--dtype", "float64"]
+    argv += ["--device", "cpu", "--threads", "1", "--slots", "1", "--spec", "off"]
+    argv += ["--sessions", "3", "--turns", "2", "--turn-words", "4", "--max-tokens", "4"]
+    argv += ["--cache-ram", "16", "--repeats", "1", "--in-process", "--out", str(tmp_path / "s")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "TTFT turns 2+ s" in out and "least cached" in out
+    rows = {r["store"]: r for r in json.loads((tmp_path / "s.json").read_text())["rows"]}
+    on, off = rows["on"], rows["off"]
+    for r in (on, off):
+        assert (r["requests"], r["errors"]) == (6, 0)
+        assert all(t["ttft_s"] > 0 and t["prompt_tokens"] > 0 for t in r["turns"])
+    # one slot, three sessions: without the store a returning turn finds at most the shared
+    # system prompt; with it, its whole history (turn 1's prompt and answer)
+    for r, back in ((on, True), (off, False)):
+        first = {t["session"]: t["prompt_tokens"] for t in r["turns"] if t["turn"] == 1}
+        for t in (t for t in r["turns"] if t["turn"] == 2):
+            assert (t["cached_tokens"] > first[t["session"]]) == back, (r["store"], t)
+    assert on["cached_min"] > off["cached_min"]
+    assert 0 < on["store_mib"] <= on["budget_mib"] == 16
+    assert off["budget_mib"] == 0
+
+
+def test_tool_outputs_are_deterministic_and_differ_by_session() -> None:
+    assert tool_output(1, 2, 50) == tool_output(1, 2, 50)
+    assert tool_output(1, 2, 50) != tool_output(2, 2, 50)
+    assert len(tool_output(0, 1, 50).split()) >= 50
