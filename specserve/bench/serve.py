@@ -133,6 +133,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
     sessions.add_argument(
         "--cache-ram", type=float, default=None, help="the store-on server's --cache-ram MiB"
     )
+    sessions.add_argument(
+        "--llama-server",
+        type=Path,
+        default=None,
+        metavar="BIN",
+        help="also run llama.cpp's llama-server (built by ../shared/tools/build-llama-cpp) on "
+        "the same GGUF, with its --cache-ram on (the same MiB, else its 8192) and 0",
+    )
     load = p.add_argument_group("load mode")
     load.add_argument("--load", action="store_true", help="errors and RSS under steady load")
     load.add_argument("--duration", type=float, default=300.0, help="seconds of load (300)")

@@ -17,6 +17,10 @@ returning prompts (turns 2+) that `usage.cached_tokens` covers (their sum, and t
 any one prompt), the server's peak RSS (VmHWM) and the store's bytes and budget. The issue's
 targets: TTFT on turns 2+ with the store <= 0.25x of it without; >= 90 % of each returning
 prompt cached.
+
+With `--llama-server BIN` the same sessions also run against llama.cpp's llama-server on the
+same GGUF, with its RAM prompt cache (`--cache-ram`, the same MiB) and with it off; each
+server's ratio is against itself with its cache off.
 """
 
 from __future__ import annotations
@@ -34,10 +38,14 @@ from typing import TYPE_CHECKING, Any
 from specserve.bench.report import Column, format_table, out_paths, write_json
 from specserve.bench.server_process import MODEL_ID, launch, read_rss_mib, server_spec
 from specserve.bench.workload import _api, warm_up
+from specserve.errors import SpecserveError
 
 if TYPE_CHECKING:
     import openai
 
+PEER = "llama.cpp"
+PEER_CTX_PER_SLOT = 8192  # context per llama-server slot: the longest session with room
+PEER_DEFAULT_CACHE_MIB = 8192.0  # llama-server's own --cache-ram default
 TARGET_TTFT_RATIO = 0.25
 TARGET_CACHED_SHARE = 0.9
 WORDS_PER_TURN = 80  # words of a later turn's tool output (--turn-words); the task: 6x
@@ -246,21 +254,28 @@ def main(args: argparse.Namespace) -> None:
     shape = Shape(
         args.sessions, args.turns, args.clients or slots, args.max_tokens, args.turn_words
     )
-    settings = [("on", args.cache_ram), ("off", 0.0)]
+    settings: list[tuple[str, float | None]] = [("on", args.cache_ram), ("off", 0.0)]
+    if args.llama_server is not None:
+        _peer_gguf(args)  # a bad --llama-server or model fails now, not after our rows
+        settings += [(f"{PEER} on", args.cache_ram), (f"{PEER} off", 0.0)]
     order = [s for r in range(args.repeats) for s in (settings if r % 2 == 0 else settings[::-1])]
     rows: dict[str, list[SessionRow]] = {}
     with tempfile.TemporaryDirectory(prefix="specserve-sessions-") as tmp:
         log_dir = args.log_dir or Path(tmp)
         log_dir.mkdir(parents=True, exist_ok=True)
         for i, (name, mb) in enumerate(order):
-            sspec = replace(server_spec(args, slots, args.spec[0]), cache_ram=mb)
-            with launch(sspec, log_dir / f"server-sessions-{name}-{i}.log", args.in_process) as srv:
-                warm_up(srv.url)
-                turns = run_sessions(srv.url, shape)
-                peak = read_rss_mib(srv.pid, "VmHWM")
-                held, budget = store_bytes(srv.url)
-            row = summarise(name, turns, peak)
-            row.store_mib, row.budget_mib = held / 2**20, budget / 2**20
+            log = log_dir / f"server-sessions-{name.replace(' ', '-')}-{i}.log"
+            if name.startswith(PEER):
+                row = _peer_row(name, mb, args, slots, shape, log)
+            else:
+                sspec = replace(server_spec(args, slots, args.spec[0]), cache_ram=mb)
+                with launch(sspec, log, args.in_process) as srv:
+                    warm_up(srv.url)
+                    turns = run_sessions(srv.url, shape)
+                    peak = read_rss_mib(srv.pid, "VmHWM")
+                    held, budget = store_bytes(srv.url)
+                row = summarise(name, turns, peak)
+                row.store_mib, row.budget_mib = held / 2**20, budget / 2**20
             rows.setdefault(name, []).append(row)
             print(
                 f"store {name}: turns 2+ mean TTFT {row.ttft_later_s or 0:.2f}s, "
@@ -268,8 +283,9 @@ def main(args: argparse.Namespace) -> None:
                 flush=True,
             )
     table = [_median(rs) for rs in rows.values()]
-    base = _median(rows["off"]).ttft_later_s if "off" in rows else None
-    for row in table:
+    for row in table:  # each server against itself with its cache off
+        off = "off" if not row.store.startswith(PEER) else f"{PEER} off"
+        base = _median(rows[off]).ttft_later_s if off in rows else None
         if base and row.ttft_later_s is not None:
             row.ratio = row.ttft_later_s / base
     print(f"{shape.sessions} sessions x {shape.turns} turns, -np {slots}, {shape.clients} clients")
@@ -282,13 +298,48 @@ def main(args: argparse.Namespace) -> None:
         print(f"wrote {json_path}")
 
 
+def _peer_row(
+    name: str, mb: float | None, args: argparse.Namespace, slots: int, shape: Shape, log: Path
+) -> SessionRow:
+    """The same sessions against llama-server on the same GGUF, its RAM cache at `mb` MiB
+    (None: its own default) and its own default speculation (--spec-default)."""
+    from specserve.bench.llama_server import LlamaServer, LlamaServerSpec
+
+    gguf = _peer_gguf(args)
+    ctx = args.ctx_size or PEER_CTX_PER_SLOT
+    cache = PEER_DEFAULT_CACHE_MIB if mb is None else mb
+    spec = LlamaServerSpec(args.llama_server, gguf, slots, ctx, cache, threads=args.threads)
+    with LlamaServer(spec, log) as srv:
+        warm_up(srv.url)
+        turns = run_sessions(srv.url, shape)
+        peak = srv.peak_rss_mib()
+    row = summarise(name, turns, peak)
+    row.budget_mib = cache
+    return row
+
+
+def _peer_gguf(args: argparse.Namespace) -> Path:
+    """The GGUF llama-server loads: the benchmark's own model file."""
+    from specserve.loading.sources import resolve_model
+
+    exe = Path(args.llama_server)
+    if not exe.is_file():
+        raise SpecserveError(
+            f"no llama-server at {exe}: build it with ../shared/tools/build-llama-cpp"
+        )
+    gguf = resolve_model(str(args.model))
+    if gguf.suffix != ".gguf":
+        raise SpecserveError(f"--llama-server needs a GGUF model; {args.model} is {gguf}")
+    return gguf
+
+
 def _median(rows: list[SessionRow]) -> SessionRow:
     ranked = sorted(rows, key=lambda r: r.ttft_later_s or 0.0)
     return ranked[(len(ranked) - 1) // 2]
 
 
 def verdict(table: list[SessionRow]) -> str:
-    on = next((r for r in table if r.store != "off"), None)
+    on = next((r for r in table if r.store == "on"), None)
     if on is None or on.ratio is None:
         return "no store-on row with a store-off row to compare"
     ttft = "meets" if on.ratio <= TARGET_TTFT_RATIO else "misses"

@@ -42,3 +42,17 @@ def test_tool_outputs_are_deterministic_and_differ_by_session() -> None:
     assert tool_output(1, 2, 50) == tool_output(1, 2, 50)
     assert tool_output(1, 2, 50) != tool_output(2, 2, 50)
     assert len(tool_output(0, 1, 50).split()) >= 50
+
+
+def test_a_bad_llama_server_fails_before_any_row_runs(
+    tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["bench", "serve", "--model", str(tiny_folder), "--sessions", "2", "--in-process"]
+    assert main([*argv, "--llama-server", str(tmp_path / "missing")]) != 0
+    assert "no llama-server at" in capsys.readouterr().err
+    exe = tmp_path / "llama-server"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    assert main([*argv, "--llama-server", str(exe)]) != 0  # the tiny model is no GGUF
+    err = capsys.readouterr().err
+    assert "needs a GGUF model" in err and "store on" not in err
