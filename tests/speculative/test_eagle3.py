@@ -1,0 +1,97 @@
+"""`eagle3`: greedy output with an EAGLE-3 head drafting (alone and in the chain) equals
+output without speculation, 128 tokens, 1 and 3 slots (tiny float64 models); the head is
+fed the taps of the verify forward the engine ran anyway."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specserve.engine.engine import Engine
+from specserve.engine.request import Request, SpecParams
+from specserve.engine.runner import ModelRunner
+from specserve.engine.sampling import SamplingParams
+from specserve.errors import SpecserveError
+from specserve.models.eagle3 import Eagle3Head
+from specserve.speculative.cost import ForwardCost
+from specserve.speculative.registry import build_speculator
+from tests.speculative.cases_seen import CasesSeen
+from tests.tiny import VOCAB
+from tests.tiny_eagle3 import foreseeing_head, nearly_bigram, random_head
+
+N_TOKENS = 128
+CTX = 320
+
+
+def _prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for n in (50, 70, 60):
+        body = torch.randint(0, VOCAB, (n,), generator=g).tolist()
+        out.append(body + body[5:25])
+    return out
+
+
+def _run(model, types: str, head: Eagle3Head | None, prompts, n_max: int = 8):  # noqa: ANN001, ANN201
+    runner = ModelRunner(model, num_slots=len(prompts), max_len=CTX)
+    spec = (
+        build_speculator(types.split(","), target=runner, eagle3_head=head, eagle3_cost=0.05)
+        if types
+        else None
+    )
+    params = SamplingParams(temperature=0, max_tokens=N_TOKENS)
+    reqs = [Request(p, params, SpecParams(n_max=n_max, p_min=0.0)) for p in prompts]
+    # verify rows nearly free, so the head is asked even after misses: more cases covered
+    Engine(runner, spec, cost=ForwardCost(measure=False, per_row=0.05)).generate(reqs)
+    return [r.output for r in reqs], spec
+
+
+@pytest.fixture(scope="module")
+def bigram(target):  # noqa: ANN001, ANN201
+    return nearly_bigram(target)
+
+
+@pytest.fixture(scope="module")
+def reference(bigram) -> list[list[int]]:  # noqa: ANN001
+    return [_run(bigram, "", None, [p])[0][0] for p in _prompts()]
+
+
+SEEN = CasesSeen()
+HEADS = {
+    "foreseeing": lambda t: foreseeing_head(t, noise=0.6),
+    "random": lambda t: random_head(t.cfg, seed=4),
+}
+
+
+@pytest.mark.parametrize("n_max", [1, 8])
+@pytest.mark.parametrize("types", ["eagle3", "ngram-map-k,suffix,eagle3"])
+@pytest.mark.parametrize("kind", HEADS)
+def test_eagle3_equals_plain_greedy(kind: str, types: str, n_max: int, bigram, reference) -> None:  # noqa: ANN001
+    head = HEADS[kind](bigram)
+    prompts = _prompts()
+    out, spec = _run(bigram, types, head, prompts, n_max)
+    assert out == reference  # three slots at once
+    out1, spec1 = _run(bigram, types, head, prompts[1:2], n_max)
+    assert out1 == reference[1:2]  # and one alone
+    for s in (spec, spec1):
+        assert s is not None
+        SEEN.add(s.stats)
+
+
+def test_empty_rejected_and_full_drafts_all_occurred() -> None:
+    """Runs after the parametrized cases above (pytest keeps file order)."""
+    SEEN.assert_all_occurred()
+
+
+def test_foreseeing_head_is_mostly_right(bigram) -> None:  # noqa: ANN001
+    """The drafts are kept often: the head really drafts from what it is fed."""
+    _, spec = _run(bigram, "eagle3", foreseeing_head(bigram), _prompts())
+    assert spec is not None and spec.stats.acceptance_rate > 0.3
+
+
+def test_eagle3_and_mtp_together_are_refused(bigram) -> None:  # noqa: ANN001
+    runner = ModelRunner(bigram, num_slots=1, max_len=CTX)
+    with pytest.raises(SpecserveError, match="pick one"):
+        build_speculator(["mtp", "eagle3"], target=runner, eagle3_head=random_head(bigram.cfg))
+    with pytest.raises(SpecserveError, match="needs --draft-model"):
+        build_speculator(["eagle3"], target=runner)
