@@ -10,9 +10,12 @@ are often right and sometimes wrong, which is what the exactness tests need.
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
 import torch
 
+from specserve.loading.eagle3 import save_eagle3
 from specserve.models.config import ModelConfig
 from specserve.models.eagle3 import Eagle3Config, Eagle3Head, default_aux_layers
 
@@ -100,3 +103,72 @@ def nearly_bigram(
             block.attn.o.weight.mul_(scale)
             block.mlp.down.weight.mul_(scale)
     return model
+
+
+# ---- the public layouts, written as their makers write them -------------------------------
+def write_vllm_layout(head: Eagle3Head, folder: Path, speculators: bool = False) -> Path:
+    """vLLM / AngelSlim's `Eagle3LlamaForCausalLM` (the layer under `layers.0.`) or, with
+    `speculators`, vLLM speculators' `Eagle3Speculator` (llama fields nested)."""
+    from safetensors.torch import load_file, save_file
+
+    save_eagle3(head, folder)  # SpecForge's, then renamed
+    state = load_file(str(folder / "model.safetensors"))
+    renamed = {k.replace("midlayer.", "layers.0."): v for k, v in state.items()}
+    save_file(renamed, str(folder / "model.safetensors"))
+    cfg = json.loads((folder / "config.json").read_text())
+    aux = cfg.pop("eagle_config")["eagle_aux_hidden_state_layer_ids"]
+    cfg["architectures"] = ["Eagle3LlamaForCausalLM"]
+    cfg["eagle_aux_hidden_state_layer_ids"] = aux
+    if speculators:
+        layer_keys = ["hidden_size", "intermediate_size", "num_attention_heads", "head_dim"]
+        layer_keys += ["num_key_value_heads", "rms_norm_eps", "rope_theta", "vocab_size"]
+        nested = {k: cfg.pop(k) for k in layer_keys}
+        cfg = {"architectures": ["Eagle3Speculator"], "transformer_layer_config": nested, **cfg}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+_GGUF = {"embed_norm": "attn_norm", "hidden_norm": "attn_norm_2", "attn.q": "attn_q",
+         "attn.k": "attn_k", "attn.v": "attn_v", "attn.o": "attn_output",
+         "ffn_norm": "ffn_norm", "mlp.gate": "ffn_gate", "mlp.up": "ffn_up",
+         "mlp.down": "ffn_down"}  # fmt: skip
+_GGUF_TOP = {"fc": "fc", "norm": "output_norm", "lm_head": "output", "embed": "token_embd"}
+
+
+def write_gguf_head(head: Eagle3Head, path: Path) -> Path:
+    """llama.cpp's `eagle3` GGUF, as its converter writes it (q/k rope-permuted, d2t as
+    absolute int64 ids, the tapped layers and target size in the metadata)."""
+    import gguf
+    import numpy as np
+
+    from tests.tiny_gguf import _permute
+
+    cfg, lc = head.cfg, head.cfg.layer
+    w = gguf.GGUFWriter(str(path), "eagle3")
+    w.add_block_count(1)
+    w.add_context_length(lc.context_length)
+    w.add_embedding_length(lc.hidden_size)
+    w.add_feed_forward_length(lc.intermediate_size)
+    w.add_head_count(lc.num_heads)
+    w.add_head_count_kv(lc.num_kv_heads)
+    w.add_layer_norm_rms_eps(lc.rms_norm_eps)
+    w.add_key_length(lc.head_dim)
+    w.add_value_length(lc.head_dim)
+    w.add_rope_freq_base(lc.rope_theta)
+    w.add_array("eagle3.target_layers", list(cfg.aux_layers))
+    w.add_uint32("eagle3.target_hidden_size", cfg.target_hidden_size)
+    for name, t in head.state_dict().items():
+        if name == "d2t":
+            w.add_tensor("d2t", t.numpy().astype(np.int64), raw_dtype=gguf.GGMLQuantizationType.I64)
+            continue
+        stem, _, kind = name.rpartition(".")
+        a = t.detach().to(torch.float32).numpy()
+        if stem in ("attn.q", "attn.k"):
+            a = _permute(a, lc.num_heads if stem == "attn.q" else lc.num_kv_heads)
+        gname = f"blk.0.{_GGUF[stem]}" if stem in _GGUF else _GGUF_TOP[stem]
+        w.add_tensor(f"{gname}.{kind}", np.ascontiguousarray(a))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

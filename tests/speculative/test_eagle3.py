@@ -4,6 +4,8 @@ fed the taps of the verify forward the engine ran anyway."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -12,10 +14,14 @@ from specserve.engine.request import Request, SpecParams
 from specserve.engine.runner import ModelRunner
 from specserve.engine.sampling import SamplingParams
 from specserve.errors import SpecserveError
+from specserve.loading.eagle3 import load_eagle3
 from specserve.models.eagle3 import Eagle3Head
 from specserve.speculative.cost import ForwardCost
 from specserve.speculative.registry import build_speculator
+from tests.loading.test_eagle3_heads import LAYOUTS
 from tests.speculative.cases_seen import CasesSeen
+from tests.speculative.test_hybrid_exactness import _models as hybrid_models
+from tests.speculative.test_hybrid_exactness import _prompts as hybrid_prompts
 from tests.tiny import VOCAB
 from tests.tiny_eagle3 import foreseeing_head, nearly_bigram, random_head
 
@@ -32,8 +38,8 @@ def _prompts() -> list[list[int]]:
     return out
 
 
-def _run(model, types: str, head: Eagle3Head | None, prompts, n_max: int = 8):  # noqa: ANN001, ANN201
-    runner = ModelRunner(model, num_slots=len(prompts), max_len=CTX)
+def _run(model, types: str, head: Eagle3Head | None, prompts, n_max: int = 8, **runner_args):  # noqa: ANN001, ANN003, ANN201
+    runner = ModelRunner(model, num_slots=len(prompts), max_len=CTX, **runner_args)
     spec = (
         build_speculator(types.split(","), target=runner, eagle3_head=head, eagle3_cost=0.05)
         if types
@@ -76,6 +82,33 @@ def test_eagle3_equals_plain_greedy(kind: str, types: str, n_max: int, bigram, r
     for s in (spec, spec1):
         assert s is not None
         SEEN.add(s.stats)
+
+
+@pytest.mark.parametrize("layout", ["specforge", "vllm", "gguf"])
+def test_heads_loaded_from_each_layout_keep_greedy_exact(
+    layout: str, bigram, reference, tmp_path: Path
+) -> None:  # noqa: ANN001
+    head = foreseeing_head(bigram, noise=0.3)
+    path = LAYOUTS[layout](head, tmp_path)
+    loaded = load_eagle3(path, bigram.cfg, torch.float64)
+    out, spec = _run(bigram, "eagle3", loaded, _prompts())
+    assert out == reference
+    assert spec is not None
+    SEEN.add(spec.stats)
+
+
+@pytest.mark.parametrize("rollback", ["snapshots", "checkpoint"])
+def test_hybrid_target_with_eagle3_equals_plain(rollback: str) -> None:
+    """Qwen3.5 (Gated DeltaNet + gated attention): the head taps its layers while the
+    target's recurrent state goes back by snapshots or checkpoint and replay."""
+    target, _ = hybrid_models("qwen3_5")
+    prompts = hybrid_prompts()
+    plain, _ = _run(target, "", None, prompts, rollback=rollback)
+    head = foreseeing_head(target, noise=0.3)
+    out, spec = _run(target, "eagle3", head, prompts, rollback=rollback)
+    assert out == plain
+    assert spec is not None and spec.stats.tokens_accepted > 0
+    SEEN.add(spec.stats)
 
 
 def test_empty_rejected_and_full_drafts_all_occurred() -> None:
