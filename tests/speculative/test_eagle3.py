@@ -128,3 +128,30 @@ def test_eagle3_and_mtp_together_are_refused(bigram) -> None:  # noqa: ANN001
         build_speculator(["mtp", "eagle3"], target=runner, eagle3_head=random_head(bigram.cfg))
     with pytest.raises(SpecserveError, match="needs --draft-model"):
         build_speculator(["eagle3"], target=runner)
+
+
+def test_engine_settings_load_the_head_named_by_draft_model(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """`--spec-type eagle3 --draft-model HEAD` as llama.cpp's -md; by default the model's
+    own head, `<model>-eagle3` in the cache."""
+    from specserve.engine.setup import EngineSettings, build_engine
+    from specserve.loading.eagle3 import save_eagle3
+    from specserve.loading.model import LoadedModel
+    from tests.tiny import write_hf_folder
+
+    write_hf_folder("qwen2", tmp_path / "tiny", seed=11)
+    from specserve.loading.model import load_model
+
+    target = load_model(tmp_path / "tiny", "float64", with_tokenizer=False)
+    save_eagle3(random_head(target.cfg), tmp_path / "head")
+    s = EngineSettings(str(tmp_path / "tiny"), "float64", spec_types=("eagle3",),
+                       draft_model=str(tmp_path / "head"), ctx_size=CTX)  # fmt: skip
+    assert s.spec_types == ("eagle3",) and s.draft_head == str(tmp_path / "head")
+    engine, _ = build_engine(s, target=target, progress=False)
+    assert engine.speculator is not None and engine.speculator.name == "eagle3"
+    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path / "cache"))
+    s = EngineSettings(str(tmp_path / "tiny"), "float64", spec_types=("eagle3",), ctx_size=CTX)
+    with pytest.raises(SpecserveError, match="no EAGLE-3 head 'tiny-eagle3'"):
+        build_engine(s, target=LoadedModel(target.model, None, target.path), progress=False)
+    save_eagle3(random_head(target.cfg), tmp_path / "cache" / "heads" / "tiny-eagle3")
+    engine, _ = build_engine(s, target=target, progress=False)
+    assert engine.speculator is not None and engine.speculator.name == "eagle3"
