@@ -31,13 +31,8 @@ pass), so a draft model's own prompt pass, made at its first draft, counts again
 
 The models load as a server loads them by default (--weights auto: each GGUF tensor on the
 low-bit kernel of its own type); `--weights dequant` measures the float weights. The default
-dtype is float32. On this project's development CPU (AVX2, no native bf16) bfloat16 decodes
-one token only a little faster (both are bound by reading the weights), but a forward over
-many tokens and prefill are much slower than in float32 (bf16 matmuls are compute bound,
-through conversions; figures: docs/perf/bench.md). Verifying drafts is what speculation
-buys, so float32 is faster wherever drafts are long. Pass --dtype bfloat16 on hardware
-with bf16 instructions, and watch `same`: a k-row verification may round differently from
-a one-row decode.
+dtype is float32, as verifying drafts (many-row forwards) is slower in bfloat16 on CPUs
+without bf16 instructions (docs/perf/bench.md); with --dtype bfloat16, watch `same`.
 
 With --max-tokens below an answer's length, the rewrite workloads quote a truncated turn 1
 (it is the same generation as the quicksort workload's reference).
@@ -53,6 +48,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specserve.bench.report import Column, format_table, write_json
+from specserve.bench.spec_workloads import (
+    GRAMMARS,
+    WORKLOADS,
+    edited,
+    messages,
+    turn1_lang,
+)
 from specserve.errors import SpecserveError
 from specserve.grammar.formats import Grammar
 from specserve.models.layers.quant import WEIGHT_MODES
@@ -61,56 +63,6 @@ if TYPE_CHECKING:
     from specserve.loading.model import LoadedModel
     from specserve.loading.tokenizer import Tokenizer
 
-TURN1 = (
-    "Write a quicksort demo in {lang}. Please, write just code. Do not write any extra comments."
-)
-TURN2 = "Rewrite the same program with descriptive variable names."
-PROSE = "Write a short story about a lighthouse keeper."
-JSON_ASK = (
-    "List six sorting algorithms as a JSON object: for each, its average and worst time "
-    "complexity, its memory use and whether it is stable."
-)
-LANGS = {"c": "C", "java": "Java", "python": "Python"}
-# predicted-*: quicksort-*'s prompt with OpenAI's `prediction` = the model's own answer with
-# identifiers renamed (EDITS): what a client holding an earlier, edited answer sends
-EDITS = {"arr": "array", "pivot": "pv", "temp": "tmp"}
-WORKLOADS = (
-    *(f"quicksort-{k}" for k in LANGS),
-    *(f"rewrite-{k}" for k in LANGS),
-    *(f"predicted-{k}" for k in LANGS),
-    "prose",
-    "json",
-    "json-schema",
-    "json-free",
-)
-# a schema-heavy reply: most of its tokens are keys, separators and enum values
-SORTS = {
-    "type": "object",
-    "properties": {
-        "algorithms": {
-            "type": "array",
-            "minItems": 6,
-            "maxItems": 6,
-            "items": {
-                "type": "object",
-                "properties": {
-                    "name": {"type": "string", "maxLength": 24},
-                    "average_time_complexity": {"enum": ["O(n log n)", "O(n^2)", "O(n)", "O(nk)"]},
-                    "worst_time_complexity": {"enum": ["O(n log n)", "O(n^2)", "O(n)", "O(nk)"]},
-                    "memory": {"enum": ["O(1)", "O(log n)", "O(n)", "O(n + k)"]},
-                    "stable": {"type": "boolean"},
-                },
-                "required": [
-                    "name", "average_time_complexity", "worst_time_complexity", "memory", "stable"
-                ],
-                "additionalProperties": False,
-            },
-        }
-    },
-    "required": ["algorithms"],
-    "additionalProperties": False,
-}  # fmt: skip
-GRAMMARS = {"json": Grammar("json_object", None), "json-schema": Grammar("json_schema", SORTS)}
 CONFIGS = (
     "ngram-simple",
     "ngram-map-k",
@@ -221,35 +173,20 @@ class Session:
 
     def prompt(self, model: str, workload: str) -> list[int]:
         """The workload's prompt ids; a rewrite quotes the model's own turn-1 answer."""
-        tok = self.tokenizer(model)
-        if workload in ("prose", "json", "json-schema", "json-free"):
-            ask = PROSE if workload == "prose" else JSON_ASK
-            return list(tok.chat([{"role": "user", "content": ask}]))
-        kind, lang = workload.split("-")
-        turn1 = [{"role": "user", "content": TURN1.format(lang=LANGS[lang])}]
-        if kind in ("quicksort", "predicted"):
-            return list(tok.chat(turn1))
-        answer = tok.decode(self.reference(model, f"quicksort-{lang}").tokens)
-        return list(
-            tok.chat(
-                [
-                    *turn1,
-                    {"role": "assistant", "content": answer},
-                    {"role": "user", "content": TURN2},
-                ]
-            )
-        )
+        return list(self.tokenizer(model).chat(messages(workload, self._turn1(model, workload))))
 
     def prediction(self, model: str, workload: str) -> list[int]:
         """What a predicted-* workload's requests send as `prediction` (else nothing)."""
-        kind, _, lang = workload.partition("-")
-        if kind != "predicted":
+        if not workload.startswith("predicted-"):
             return []
-        tok = self.tokenizer(model)
-        text = tok.decode(self.reference(model, f"quicksort-{lang}").tokens)
-        for old, new in EDITS.items():
-            text = text.replace(old, new)
-        return tok.encode_text(text)
+        return self.tokenizer(model).encode_text(edited(self._turn1(model, workload) or ""))
+
+    def _turn1(self, model: str, workload: str) -> str | None:
+        """The model's own answer to the turn 1 a rewrite or predicted workload builds on."""
+        lang = turn1_lang(workload)
+        if lang is None:
+            return None
+        return self.tokenizer(model).decode(self.reference(model, f"quicksort-{lang}").tokens)
 
     def tokenizer(self, model: str) -> Tokenizer:
         tok = self.load(model).tokenizer

@@ -12,14 +12,15 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 
+from specserve.engine.grammar_drafts import grammar_draft, kept_of
 from specserve.engine.logprobs import TokenLogprob, token_logprobs
 from specserve.engine.prompt_cache import PromptCache
 from specserve.engine.request import Request, Status
-from specserve.engine.runner import DEFAULT_SNAPSHOT_DEPTH, ModelRunner, SlotInput
+from specserve.engine.runner import DEFAULT_SNAPSHOT_DEPTH, ModelRunner
 from specserve.engine.samples import Samples, Start
 from specserve.engine.sampling import (
     apply_logit_bias,
@@ -29,6 +30,7 @@ from specserve.engine.sampling import (
 )
 from specserve.engine.scheduler import Scheduler, StepPlan
 from specserve.engine.threads import ThreadTuner
+from specserve.engine.timed_forward import TimedForward
 from specserve.errors import SpecserveError
 from specserve.speculative.base import Draft, DraftRequest, Speculator
 from specserve.speculative.cost import ForwardCost
@@ -62,6 +64,14 @@ class StepOutput:
     drafted_by: str = ""
 
 
+class Proposal(NamedTuple):
+    """A decoding slot's draft this step: the speculator's own, and what is verified of it
+    (the same object unless a grammar cut or replaced it)."""
+
+    own: Draft
+    verified: Draft
+
+
 class Engine:
     def __init__(
         self,
@@ -84,6 +94,7 @@ class Engine:
         self.cost = cost if cost is not None else ForwardCost(measure=False)
         # thread count per forward by measured speed (None: leave torch's setting alone)
         self.threads = threads
+        self.forward = TimedForward(runner, self.cost, threads)
         self.budget = DraftBudget(self.cost)  # each slot's draft limit, with the cost
         # the mtp speculator needs the target's hidden state at every prompt position, and a
         # reused prefix has none: no prompt cache with it
@@ -142,36 +153,24 @@ class Engine:
 
     def step(self) -> list[StepOutput]:
         """Schedule, draft, one forward, verify, commit, feed back and emit."""
-        out = self._start_samples(self.samples.place_late())
-        plan = self.scheduler.schedule()
+        out, plan = self._schedule()
         if not plan:
             return out
-        drafts = self._draft(plan)
-        verified = self._under_grammar(plan.decode, drafts)
+        proposals = self._draft(plan)
         try:
-            logits = self._forward(plan, verified)
+            pre_logits, logits = self.forward(plan, [p.verified for p in proposals])
         except Exception as e:
             return out + self._recompute_or_fail(plan.requests, e)
-        n_pre = len(plan.prefill)
-        out += self._after_prefills(plan, logits[:n_pre])
-        results = self._verify(plan.decode, verified, logits[n_pre:])
+        out += self._after_prefills(plan, pre_logits)
+        results = self._verify(plan.decode, proposals, logits)
         self._commit(plan.decode, results)
-        return out + self._feed_back(plan.decode, drafts, verified, results, logits[n_pre:])
+        return out + self._feed_back(plan.decode, proposals, results, logits)
 
-    def _forward(self, plan: StepPlan, drafts: list[Draft]) -> list[torch.Tensor]:
-        """One forward over the plan's prompt chunks and [last, d1..dk] of each decoding
-        slot, timed for the draft cost model and the thread tuner."""
-        work = self._work(plan, drafts)
-        rows = sum(len(w.tokens) for w in work)
-        threads = self.threads.pick(rows) if self.threads else 0
-        t0 = time.perf_counter()
-        logits = self.runner.forward(work)
-        seconds = time.perf_counter() - t0
-        if self._measures_verify_cost(plan, rows, threads):
-            self.cost.record(rows, seconds)
-        if self.threads:
-            self.threads.record(rows, threads, seconds)
-        return logits
+    def _schedule(self) -> tuple[list[StepOutput], StepPlan]:
+        """The step's plan, after siblings waiting for a slot (OpenAI's n) took the ones
+        free: their first tokens come from their prompt's last row, with no forward."""
+        out = self._start_samples(self.samples.place_late())
+        return out, self.scheduler.schedule()
 
     def _after_prefills(self, plan: StepPlan, logits: list[torch.Tensor]) -> list[StepOutput]:
         outs: list[StepOutput | None] = []
@@ -192,12 +191,12 @@ class Engine:
         return self._after_prefill(start.request, [], start.logits)
 
     def _verify(
-        self, decoding: list[Request], drafts: list[Draft], logits: list[torch.Tensor]
+        self, decoding: list[Request], proposals: list[Proposal], logits: list[torch.Tensor]
     ) -> list[VerifyResult | StepOutput]:
         """Each slot's verified tokens, or its failure (StepOutput) when that was its own."""
         return [
-            self._isolated(req, self._sample, req, lg, d)
-            for req, d, lg in zip(decoding, drafts, logits, strict=True)
+            self._isolated(req, self._sample, req, lg, p.verified)
+            for req, p, lg in zip(decoding, proposals, logits, strict=True)
         ]
 
     def _commit(self, decoding: list[Request], results: list[VerifyResult | StepOutput]) -> None:
@@ -213,62 +212,24 @@ class Engine:
     def _feed_back(
         self,
         decoding: list[Request],
-        drafts: list[Draft],
-        verified: list[Draft],
+        proposals: list[Proposal],
         results: list[VerifyResult | StepOutput],
         logits: list[torch.Tensor],
     ) -> list[StepOutput]:
         return [
-            v if isinstance(v, StepOutput) else self._isolated(req, self._accept, req, d, vd, v, lg)
-            for req, d, vd, v, lg in zip(decoding, drafts, verified, results, logits, strict=True)
+            v if isinstance(v, StepOutput) else self._isolated(req, self._accept, req, p, v, lg)
+            for req, p, v, lg in zip(decoding, proposals, results, logits, strict=True)
         ]
-
-    def _under_grammar(self, decoding: list[Request], drafts: list[Draft]) -> list[Draft]:
-        """The drafts to verify: a constrained slot's draft cut before the first token its
-        grammar forbids, or, where its grammar forces the next tokens and the draft does not
-        begin with them, those tokens (exact: they are verified like any draft)."""
-        return [
-            d if r.constraint is None else self._grammar_draft(r, d)
-            for r, d in zip(decoding, drafts, strict=True)
-        ]
-
-    def _grammar_draft(self, req: Request, draft: Draft) -> Draft:
-        constraint = req.constraint
-        assert constraint is not None
-        try:
-            forced = constraint.forced()
-            tokens = draft.tokens[: constraint.valid_prefix(draft.tokens)]
-        except Exception:
-            log.exception("request %d: no grammar draft this step", req.id)
-            return Draft()  # drafts never change the output: a failure here costs only them
-        room = min(req.spec.n_max, self.runner.memory.max_len - len(req.context))
-        if room <= 0:
-            return Draft()
-        forced = forced[:room]
-        if tokens[: len(forced)] == forced[: len(tokens)] and len(tokens) >= len(forced):
-            if len(tokens) == len(draft):
-                return draft
-            return Draft(tokens, tier=draft.tier, source=draft.source)
-        return Draft(forced, source="grammar")  # the tokens the grammar forces
-
-    def _measures_verify_cost(self, plan: StepPlan, rows: int, threads: int) -> bool:
-        """Whether this forward's time is a sample of what `rows` decode rows cost.
-
-        Not with a prompt chunk in it: prompt rows skip the LM head, so a draft's rows would
-        look nearly free beside them. Not on a thread count the tuner only tries: its slower
-        forwards would make the rows they carry look dearer than they are."""
-        if plan.prefill:
-            return False
-        return not self.threads or threads == self.threads.best(rows)
 
     def _accept(
-        self, req: Request, draft: Draft, verified: Draft, result: VerifyResult, rows: torch.Tensor
+        self, req: Request, proposal: Proposal, result: VerifyResult, rows: torch.Tensor
     ) -> StepOutput:
         """Feed the verification back (speculator, draft budget, statistics), then emit
         (rows: the slot's raw logits, row i the one that decided result.tokens[i]). The
         speculator hears how much of its own draft was kept, which differs from what was
         verified only where a grammar cut or replaced it."""
-        own = result.accepted if verified is draft else _kept_of(draft, result)
+        draft, verified = proposal
+        own = result.accepted if verified is draft else kept_of(draft, result)
         if self.speculator is not None:
             self.speculator.accept(req.slot, own)
         self.budget.update(req.slot, len(draft), own, req.spec.n_max)
@@ -279,9 +240,18 @@ class Engine:
         out.drafted_by = verified.source if out.drafted else ""
         return out
 
-    def _draft(self, plan: StepPlan) -> list[Draft]:
-        """One draft per decoding slot (empty where it has none or speculation is off): the
-        policy limits each slot's ask (speculative/draft_length.py), the speculator drafts."""
+    def _draft(self, plan: StepPlan) -> list[Proposal]:
+        """One proposal per decoding slot: the speculator's draft (empty where it has none
+        or speculation is off; the policy limits each slot's ask, speculative/draft_length.py)
+        and what the slot verifies of it under its grammar (engine/grammar_drafts.py)."""
+        drafts = self._speculate(plan)
+        max_len = self.runner.memory.max_len
+        return [
+            Proposal(d, grammar_draft(r, d, min(r.spec.n_max, max_len - len(r.context))))
+            for r, d in zip(plan.decode, drafts, strict=True)
+        ]
+
+    def _speculate(self, plan: StepPlan) -> list[Draft]:
         wanted = [r for r in plan.decode if r.spec.n_max > 0]
         if self.speculator is None or not wanted:
             return [Draft() for _ in plan.decode]
@@ -306,15 +276,6 @@ class Engine:
             types=req.spec.types,
             prediction=req.prediction,
         )
-
-    def _work(self, plan: StepPlan, drafts: list[Draft]) -> list[SlotInput]:
-        work = [SlotInput(r.slot, chunk, int(last)) for r, chunk, last in plan.prefill]
-        for req, d in zip(plan.decode, drafts, strict=True):
-            # with drafts, the slot may be cut back to any of these tokens at commit
-            work.append(
-                SlotInput(req.slot, [req.output[-1], *d.tokens], len(d) + 1, verify=len(d) > 0)
-            )
-        return work
 
     def _after_prefill(
         self, req: Request, chunk: list[int], logits: torch.Tensor
@@ -440,11 +401,3 @@ class Engine:
         self.budget.reset(req.slot)
         if self.speculator is not None:
             self.speculator.reset(req.slot)
-
-
-def _kept_of(draft: Draft, result: VerifyResult) -> int:
-    """How many of `draft`'s tokens stand in the accepted part of `result`."""
-    n = 0
-    while n < min(len(draft), result.accepted) and draft.tokens[n] == result.tokens[n]:
-        n += 1
-    return n

@@ -32,15 +32,8 @@ from specserve.server import chat_page, metrics
 from specserve.server.errors import ApiError
 from specserve.server.generate import OpenAIEndpoints
 from specserve.server.loop import EngineLoop
-from specserve.server.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    ErrorDetail,
-    ErrorResponse,
-    ModelCard,
-    ModelList,
-    ResponsesRequest,
-)
+from specserve.server.protocol import ChatCompletionRequest, CompletionRequest, ResponsesRequest
+from specserve.server.replies import ErrorDetail, ErrorResponse, ModelCard, ModelList
 from specserve.server.request_id import RequestIdMiddleware
 from specserve.server.transport import TransportLimits, TransportMiddleware
 

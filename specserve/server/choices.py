@@ -23,7 +23,8 @@ from fastapi import Request
 
 from specserve.engine.sampling import SamplingParams
 from specserve.server.errors import ApiError
-from specserve.server.loop import EngineFailure, Handle
+from specserve.server.events import EngineFailure
+from specserve.server.loop import Handle
 from specserve.server.streams import Choices, Delta, Finish
 
 T = TypeVar("T")

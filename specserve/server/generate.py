@@ -31,7 +31,8 @@ from specserve.loading.tokenizer import Tokenizer
 from specserve.server import choices, logprobs, runs, streams, structured, tools
 from specserve.server.checks import check_caps, check_prediction, sampling, unsupported
 from specserve.server.errors import ApiError
-from specserve.server.loop import EngineFailure, EngineLoop, Handle, QueueFull
+from specserve.server.events import EngineFailure, QueueFull
+from specserve.server.loop import EngineLoop, Handle
 from specserve.server.protocol import (
     ChatCompletionRequest,
     ChatMessage,

@@ -11,13 +11,11 @@ from specserve.loading.tokenizer import Tokenizer
 from specserve.server.errors import ApiError
 from specserve.server.protocol import (
     ChatCompletionRequest,
-    CompletionLogprobs,
     CompletionRequest,
     GenerationRequest,
     ResponsesRequest,
-    TokenLogprobs,
-    TopLogprob,
 )
+from specserve.server.replies import CompletionLogprobs, TokenLogprobs, TopLogprob
 
 RESPONSES_INCLUDE = "message.output_text.logprobs"
 

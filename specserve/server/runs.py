@@ -14,8 +14,9 @@ from collections.abc import AsyncIterator
 
 from specserve.loading.tokenizer import Tokenizer
 from specserve.server import logprobs
-from specserve.server.loop import EngineFailure, Event, Handle
-from specserve.server.protocol import ChunkSpeculation
+from specserve.server.events import EngineFailure, Event
+from specserve.server.loop import Handle
+from specserve.server.replies import ChunkSpeculation
 from specserve.server.streams import Delta, Finish
 from specserve.server.text import TextStream
 

@@ -8,7 +8,7 @@ APIError).
 Chat and legacy completions stream `data: {chunk}` lines and end with `data: [DONE]`;
 the Responses API streams typed events (`event: response.output_text.delta`, ...) and,
 as OpenAI's does, no [DONE]. The final chunk or event carries llama.cpp's `timings`, and
-each chunk of generated text our `speculative` extension (protocol.ChunkSpeculation).
+each chunk of generated text our `speculative` extension (replies.ChunkSpeculation).
 
 With n choices (chat and legacy completions), their runs come merged, each item with its
 choice's index, and every chunk names its choice (`index`), as OpenAI's do; each choice's
@@ -26,9 +26,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from specserve.server.events import Timings
 from specserve.server.logprobs import legacy
-from specserve.server.loop import Timings
-from specserve.server.protocol import (
+from specserve.server.replies import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,

@@ -39,14 +39,8 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from specserve.server.errors import ApiError
-from specserve.server.protocol import (
-    ChatCompletionRequest,
-    FunctionCall,
-    FunctionDelta,
-    ToolCall,
-    ToolCallDelta,
-    check_plain_json,
-)
+from specserve.server.protocol import ChatCompletionRequest, check_plain_json
+from specserve.server.replies import FunctionCall, FunctionDelta, ToolCall, ToolCallDelta
 from specserve.server.streams import Delta, Finish
 from specserve.server.text import partial_prefix
 

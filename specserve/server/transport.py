@@ -26,7 +26,7 @@ import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from specserve.server.protocol import ErrorDetail, ErrorResponse
+from specserve.server.replies import ErrorDetail, ErrorResponse
 
 log = logging.getLogger("specserve.server")
 

@@ -14,8 +14,8 @@ k rows add, in units of one slot's share of a plain step. With one slot this is
 T(1 + k) / T(1). T(n) is the median of recent forwards over n rows (measured: at least
 MIN_SAMPLES among the last HORIZON forwards); between measured row counts it is
 interpolated linearly; outside them it follows the prior 1 + PRIOR_PER_ROW per row from
-the nearest measured point. Example with T(1) = 100 ms, T(2) = 190 ms and
-T(9) = 260 ms measured: cost(1) = 1.9, cost(8) = 2.6, cost(4) = 1 + (190 + 3/7 * 70
+the nearest measured point. Worked example, in any time unit, with T(1) = 100, T(2) = 190
+and T(9) = 260 measured: cost(1) = 1.9, cost(8) = 2.6, cost(4) = 1 + (190 + 3/7 * 70
 - 100) / 100 = 2.2.
 
 Each timing is kept divided by the machine's speed at the time it was taken: the VMs this

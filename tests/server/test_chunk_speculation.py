@@ -13,7 +13,7 @@ import pytest
 from specserve.engine.request import Request
 from specserve.engine.sampling import SamplingParams
 from specserve.loading.model import LoadedModel
-from specserve.server.loop import Event
+from specserve.server.events import Event
 from specserve.server.runs import text_run
 from specserve.server.text import TextStream
 from tests.server.conftest import LiveServer, start_server

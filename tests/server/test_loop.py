@@ -12,7 +12,8 @@ from specserve.engine.runner import ModelRunner
 from specserve.engine.sampling import SamplingParams
 from specserve.errors import SpecserveError
 from specserve.loading.model import LoadedModel
-from specserve.server.loop import EngineFailure, EngineLoop, QueueFull
+from specserve.server.events import EngineFailure, QueueFull
+from specserve.server.loop import EngineLoop
 
 
 def request(prompt: str, loaded: LoadedModel, max_tokens: int = 8) -> Request:

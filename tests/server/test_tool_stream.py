@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from specserve.server.protocol import ToolCallDelta
+from specserve.server.replies import ToolCallDelta
 from specserve.server.tools import ToolCallStream
 from tests.server.conftest import MODEL_ID, LiveServer
 from tests.server.test_openai_api import client

@@ -12,11 +12,13 @@ has it.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
 import sys
-import time
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -86,41 +88,35 @@ def _compile() -> ModuleType:
 
     out = cache_dir()
     out.mkdir(parents=True, exist_ok=True)
-    clear_stale_lock(out)
     if not any(out.glob("*.so")):  # say why the first load pauses
         print("specserve: compiling the CPU kernels (first use, ~2 min)", file=sys.stderr)
     try:
-        return build(
-            name="specserve_cpu",
-            sources=[str(p) for p in SOURCES],
-            extra_cflags=FLAGS,
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(out),
-            verbose=False,
-        )
+        with build_lock(out):
+            return build(
+                name="specserve_cpu",
+                sources=[str(p) for p in SOURCES],
+                extra_cflags=FLAGS,
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(out),
+                verbose=False,
+            )
     except (RuntimeError, OSError) as e:
         raise SpecserveError(f"building specserve's CPU kernels failed: {e}") from e
 
 
-# a build takes ~2 min (longer on a loaded machine); a lock older than this was left by a
-# build that was killed, and torch's loader would wait on it forever
-STALE_LOCK_S = 30 * 60
+@contextlib.contextmanager
+def build_lock(out: Path) -> Iterator[None]:
+    """Hold the build folder for this process: one build at a time, and torch's own lock
+    file, if one is there, was left by a killed build (torch would wait on it forever).
 
-
-def clear_stale_lock(out: Path, max_age_s: float = STALE_LOCK_S) -> bool:
-    """Remove torch's build lock in `out` if a killed build left it; True if removed."""
-    lock = out / "lock"
-    try:
-        age = time.time() - lock.stat().st_mtime
-    except FileNotFoundError:
-        return False
-    if age < max_age_s:
-        return False
-    print(
-        f"specserve: removing a stale build lock ({age / 60:.0f} min old): {lock}", file=sys.stderr
-    )
-    lock.unlink(missing_ok=True)
-    return True
+    An flock dies with its process, so a killed build never blocks the next one."""
+    with open(out / "specserve.flock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            (out / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
 
 
 def problem() -> str | None:

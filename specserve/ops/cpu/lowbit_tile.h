@@ -30,8 +30,8 @@ constexpr int64_t BLOCK = 32;
 constexpr int64_t TILE = 8;
 constexpr int64_t SCALES = TILE * 2;  // bytes of one float16 field of a record
 // prefetch this many bytes ahead of the record being read: about what one core has in flight
-// at full bandwidth (~40 GB/s x ~200 ns); 1152 bytes (4 q8 records) was too short a
-// distance, and a one-row forward waited on memory (figures: docs/perf/lowbit.md).
+// at full bandwidth (bandwidth x memory latency); a few records ahead was too short, and a
+// one-row forward waited on memory (figures: docs/perf/lowbit.md).
 constexpr int64_t PREFETCH = 8192;
 
 // AVX2's int16-pair offsets per block of x (x_offsets in lowbit.cpp): q6's two halves, then q5's
