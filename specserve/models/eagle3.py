@@ -73,6 +73,7 @@ class Eagle3Head(nn.Module):
         self.norm = RMSNorm(h, eps)
         self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
         # draft id -> target id (absolute); identity while the draft vocabulary is the target's
+        self.d2t: torch.Tensor
         self.register_buffer("d2t", torch.arange(cfg.draft_vocab_size))
         self.embed: nn.Embedding | None = None  # the head's own table, if its weights have one
 
