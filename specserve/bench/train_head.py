@@ -41,6 +41,10 @@ ASKS = ["Write a Python function for {}.", "Explain {} to a beginner.",
         "What are common mistakes with {}?", "Write a test for {} with pytest."]  # fmt: skip
 
 
+HELD_OUT = 64  # most held-out sequences: each costs a target forward at the end
+STDLIB_TOKENS = 400_000  # a cap on tokenizing time at the start; a run sees fewer
+
+
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="the target (name, .gguf or HF folder)")
     p.add_argument("--out", default=None, help="where the head goes (default: the cache's heads/)")
@@ -135,7 +139,7 @@ def train(
 
     target = loaded.model
     random.Random(args.seed).shuffle(seqs)
-    held = max(1, len(seqs) // 10)
+    held = max(1, min(len(seqs) // 10, HELD_OUT))
     test, seqs = seqs[:held], seqs[held:]
     ckpt = out / "checkpoint.pt"
     layers = default_aux_layers(target.cfg.num_layers)
@@ -191,7 +195,7 @@ def main(args: argparse.Namespace) -> None:
     if "answers" in kinds:
         seqs += pieces(answers(loaded, args.answers, args.answer_tokens), args.seq_len)
     if "stdlib" in kinds:
-        seqs += stdlib_chunks(loaded, 2_000_000, args.seq_len, args.seed)
+        seqs += stdlib_chunks(loaded, STDLIB_TOKENS, args.seq_len, args.seed)
     print(f"data: {len(seqs)} sequences in {time.monotonic() - t0:.0f}s")
     report = train(loaded, seqs, out, args, deadline)
     report["minutes"] = (time.monotonic() - t0) / 60
