@@ -106,7 +106,8 @@ def draft_vocab(target: LanguageModel, seqs: list[list[int]], size: int) -> torc
     for s in seqs:
         counts.update(s)
     common = [t for t, _ in counts.most_common(size)]
-    rest = [t for t in range(target.cfg.vocab_size) if t not in set(common)]
+    chosen = set(common)
+    rest = [t for t in range(target.cfg.vocab_size) if t not in chosen]
     return torch.tensor(sorted(common + rest[: size - len(common)]))
 
 
