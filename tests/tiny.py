@@ -100,14 +100,17 @@ def constraint(kind: str = "json_object", source: object = None):  # noqa: ANN20
     return build_constraint(char_tokenizer(), VOCAB, Grammar(kind, source))  # type: ignore[arg-type]
 
 
-def write_tokenizer(folder: Path) -> None:
-    """A character-level tokenizer over the tiny vocab (ids 32..126 are printable ASCII)."""
+def write_tokenizer(folder: Path, line_break: bool = False) -> None:
+    """A character-level tokenizer over the tiny vocab (ids 32..126 are printable ASCII;
+    with `line_break`, id 10 is "\\n")."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<unk>": 0, "<|endoftext|>": 1, **{chr(i): i for i in range(32, 127)}}
+    vocab.update({"\n": 10} if line_break else {})
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    char = Regex("[\\s\\S]" if line_break else ".")
+    tok.pre_tokenizer = pre_tokenizers.Split(char, behavior="isolated")
     tok.decoder = decoders.Fuse()
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="<unk>", eos_token="<|endoftext|>"

@@ -120,7 +120,9 @@ def tool_calls(
         tagged = f'call: {CALL_START} "\\n" %json {one_of} "\\n" {CALL_END}'
     else:
         tagged = f'call: "{CALL_START}" %json {one_of} "{CALL_END}"'
-    calls = 'calls: call ("\\n" call)*' if parallel else "calls: call"
+    # one call per line, and the reply may end after any call's line break (as llama.cpp's
+    # grammar lets it): Qwen's 0.5B writes "</tool_call>\n" and then wants to end
+    calls = 'calls: call ("\\n" call)* "\\n"?' if parallel else "calls: call"
     if mode == "required":
         rules = ["start: calls", calls, tagged]
     else:

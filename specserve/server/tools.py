@@ -40,7 +40,13 @@ from typing import Any
 
 from specserve.server.errors import ApiError
 from specserve.server.protocol import ChatCompletionRequest, check_plain_json
-from specserve.server.replies import FunctionCall, FunctionDelta, ToolCall, ToolCallDelta
+from specserve.server.replies import (
+    ChunkSpeculation,
+    FunctionCall,
+    FunctionDelta,
+    ToolCall,
+    ToolCallDelta,
+)
 from specserve.server.streams import Delta, Finish
 from specserve.server.text import partial_prefix
 
@@ -77,20 +83,36 @@ async def with_calls(
     """A run with the calls taken out of its text; a reply that made calls and stopped by
     itself finishes with "tool_calls", as OpenAI's do."""
     calls = ToolCallStream(names)
+    held: ChunkSpeculation | None = None  # the tokens behind text held back, not yet sent
     async for item in run:
         if isinstance(item, Delta):
             text, made = calls.push(item.text)
             parts = calls.take_parts()
+            held = joined(held, item.origin)
             if text or made or parts or item.logprobs:
-                yield Delta(text, item.logprobs, made, parts)
+                yield Delta(text, item.logprobs, made, parts, held)
+                held = None
             continue
         rest, made = calls.flush()
         parts = calls.take_parts()
-        if rest or made or parts:
-            yield Delta(rest, None, made, parts)
+        if rest or made or parts or held:
+            yield Delta(rest, None, made, parts, held)
         if calls.calls and item.reason == "stop":
             item = dataclasses.replace(item, reason="tool_calls")
         yield item
+
+
+def joined(a: ChunkSpeculation | None, b: ChunkSpeculation | None) -> ChunkSpeculation | None:
+    """The tokens behind two pieces of text sent as one; the types of the drafters whose
+    tokens they hold, in order, comma-separated."""
+    if a is None or b is None:
+        return a or b
+    types = [t for t in (a.type, b.type) if t]
+    return ChunkSpeculation(
+        tokens=a.tokens + b.tokens,
+        drafted=a.drafted + b.drafted,
+        type=",".join(dict.fromkeys(t for ts in types for t in ts.split(","))) or None,
+    )
 
 
 # a tagged call's start as the grammar lays it out, up to its arguments' opening brace
@@ -143,6 +165,7 @@ class ToolCallStream:
         self._open: _Open | None = None  # the tagged call being streamed
         self._parts: list[ToolCallDelta] = []  # pieces of calls not yet taken
         self._started = 0  # calls whose start has been sent
+        self._after_call = False  # only white space since the last tagged call closed
         self.calls: list[ToolCall] = []
 
     def take_parts(self) -> list[ToolCallDelta]:
@@ -170,6 +193,8 @@ class ToolCallStream:
                 self.calls.append(self._send_whole(call))
                 return "", [call]
         content, calls = self._split()
+        if self._after_call and not self._inside and not self._text.strip():
+            self._text = ""  # the line breaks after the last call are no content
         rest = (START if self._inside else "") + self._text
         self._text, self._inside, self._open = "", False, None
         return content + rest, calls
@@ -191,15 +216,22 @@ class ToolCallStream:
                 else:
                     calls.append(self._finish(call, block))
                     self.calls.append(calls[-1])
+                    self._after_call = True
                 self._open = None
                 continue
             start = self._text.find(START)
+            upto = start if start >= 0 else len(self._text) - partial_prefix(self._text, START)
+            piece = self._text[:upto]
+            # white space after a call waits: it is content only if text follows
+            if self._after_call and not piece.strip():
+                if start < 0:
+                    return content, calls
+                piece = ""
+            self._after_call = False
+            content += piece
             if start < 0:
-                keep = partial_prefix(self._text, START)
-                content += self._text[: len(self._text) - keep]
-                self._text = self._text[len(self._text) - keep :]
+                self._text = self._text[upto:]
                 return content, calls
-            content += self._text[:start]
             self._text = self._text[start + len(START) :]
             self._inside = True
 

@@ -1,8 +1,9 @@
 """Real agent clients against the real 0.5B through `specserve serve` (speculation on, the
 default chain): the openai client's `parse`, instructor in tools mode, pydantic-ai agents
-with a structured output and with a plain tool, and forced tool calls; every reply
-validates, and each request with speculation off in its body gives the same text or calls
-(greedy: exactness is the contract)."""
+with a structured output and with a plain tool, and forced tool calls (one, or parallel);
+every reply validates, and each request with speculation off in its body gives the same
+text or calls (greedy: exactness is the contract). The plain-tool agent gets and runs a real
+call, but the 0.5B never answers from the result (an expected failure, its reason below)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ from typing import Any
 import openai
 import pytest
 from pydantic import BaseModel, Field
-from pydantic_ai import Agent
+from pydantic_ai import Agent, capture_run_messages
+from pydantic_ai.exceptions import UsageLimitExceeded
+from pydantic_ai.messages import ModelResponse, ToolCallPart
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
+from pydantic_ai.usage import UsageLimits
 
 from specserve.bench.server_process import MODEL_ID, ServerProcess, ServerSpec
 from specserve.server.cli_args import DEFAULT_SPEC
@@ -159,13 +163,10 @@ def test_pydantic_ai_structured_output(served: str) -> None:
     assert got[0] == got[1]
 
 
-@pytest.mark.slow
-def test_pydantic_ai_tool_runs_and_the_answer_uses_its_result(served: str) -> None:
-    agent = Agent(
-        _agent_model(served),
-        system_prompt="Answer questions about orders with the get_order_status tool.",
-        retries=0,
-    )
+def _order_agent(served: str, system_prompt: str = "") -> tuple[Agent, list[str]]:
+    """An agent with one plain tool, as pydantic-ai's docs write one; the order ids the
+    tool was asked about."""
+    agent = Agent(_agent_model(served), system_prompt=system_prompt or (), retries=0)
     asked: list[str] = []
 
     @agent.tool_plain
@@ -174,8 +175,41 @@ def test_pydantic_ai_tool_runs_and_the_answer_uses_its_result(served: str) -> No
         asked.append(order_id)
         return f"Order {order_id} shipped; tracking code ZX-4471."
 
-    settings: Any = {"temperature": 0, "max_tokens": 120}
-    result = agent.run_sync("What is the tracking code of order 8812?", model_settings=settings)
+    return agent, asked
+
+
+ORDER_QUESTION = "What is the tracking code of order 8812?"
+TOOL_SETTINGS: Any = {"temperature": 0, "max_tokens": 120}
+ONE_REQUEST = UsageLimits(request_limit=1)
+
+
+@pytest.mark.slow
+def test_pydantic_ai_agent_gets_a_real_tool_call_and_runs_it(served: str) -> None:
+    """tool_choice "auto": the 0.5B's first reply is a call (bare JSON, the grammar holding
+    it to the tool's schema), which the agent runs."""
+    agent, asked = _order_agent(served)
+    with capture_run_messages() as messages, pytest.raises(UsageLimitExceeded):
+        # the second request would be the answer; the 0.5B repeats its call there instead
+        agent.run_sync(ORDER_QUESTION, model_settings=TOOL_SETTINGS, usage_limits=ONE_REQUEST)
+    first = messages[1]
+    assert isinstance(first, ModelResponse), messages
+    (call,) = [p for p in first.parts if isinstance(p, ToolCallPart)]
+    assert call.tool_name == "get_order_status" and call.args_as_dict() == {"order_id": "8812"}
+    assert asked == ["8812"]
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="the 0.5B repeats its call after the tool's result: its next reply opens with "
+    "{\" at p ~ 0.98 for every tool, prompt and result layout tried (the 1.5B's greedy "
+    "reply repeats it too); nothing a server may do makes it answer",
+)
+def test_pydantic_ai_tool_runs_and_the_answer_uses_its_result(served: str) -> None:
+    agent, asked = _order_agent(served)
+    result = agent.run_sync(
+        ORDER_QUESTION, model_settings=TOOL_SETTINGS, usage_limits=UsageLimits(request_limit=3)
+    )
     assert asked == ["8812"], result.all_messages()
     assert "ZX-4471" in result.output, result.output
 
@@ -223,7 +257,9 @@ PROMPTS = [
 ]
 
 
-def _calls(api: openai.OpenAI, prompt: str, choice: Any, extra: dict) -> list[tuple[str, str]]:
+def _calls(
+    api: openai.OpenAI, prompt: str, choice: Any, extra: dict, parallel: bool = False
+) -> list[tuple[str, str]]:
     reply = api.chat.completions.create(
         model=MODEL_ID,
         messages=_ask(prompt),
@@ -231,7 +267,7 @@ def _calls(api: openai.OpenAI, prompt: str, choice: Any, extra: dict) -> list[tu
         tool_choice=choice,
         temperature=0,
         max_tokens=80,
-        parallel_tool_calls=False,  # one call: the 0.5B, let go on, repeats its call
+        parallel_tool_calls=parallel,
         extra_body=extra,
     )
     choice0 = reply.choices[0]
@@ -259,3 +295,13 @@ def test_forced_tool_choice_gives_a_valid_call_every_time(api: openai.OpenAI, ch
         if choice == NAMED:
             assert calls[0][0] == "get_time"
         assert [(n, a) for n, a in _calls(api, prompt, choice, PLAIN)] == calls, prompt
+
+
+@pytest.mark.slow
+def test_required_parallel_calls_end_with_valid_calls(api: openai.OpenAI) -> None:
+    """With parallel calls allowed the 0.5B writes "</tool_call>\n" and then wants to end;
+    the grammar lets it (before, it had to open call after call until max_tokens)."""
+    for prompt in PROMPTS:
+        calls = _calls(api, prompt, "required", {}, parallel=True)
+        assert calls and all(_valid(*c) for c in calls), (prompt, calls)
+        assert _calls(api, prompt, "required", PLAIN, parallel=True) == calls, prompt

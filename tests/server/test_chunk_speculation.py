@@ -14,9 +14,13 @@ from specserve.engine.request import Request
 from specserve.engine.sampling import SamplingParams
 from specserve.loading.model import LoadedModel
 from specserve.server.events import Event
+from specserve.server.replies import ChunkSpeculation
 from specserve.server.runs import text_run
+from specserve.server.streams import Delta, Finish
 from specserve.server.text import TextStream
+from specserve.server.tools import with_calls
 from tests.server.conftest import LiveServer, start_server
+from tests.server.test_tools import CALL
 
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "hello"}]
@@ -124,3 +128,28 @@ def test_a_steps_drafts_and_own_token_go_out_apart(tiny_model: LoadedModel) -> N
         ("g", 1, 0, None),
     ]
     assert fin.completion_tokens == 8 == sum(d.origin.tokens for d in deltas)
+
+
+def test_the_tool_filter_sends_the_tokens_behind_text_it_held_back() -> None:
+    """With tools offered the text goes through the tool filter, which holds back a call
+    until it can send it: the tokens behind held text go out with the next piece sent."""
+    pieces = [
+        ("<tool_call>" + CALL[:20], ChunkSpeculation(tokens=3, drafted=2, type="suffix")),
+        (CALL[20:], ChunkSpeculation(tokens=4)),
+        ("</tool_call>\n", ChunkSpeculation(tokens=2, drafted=1, type="ngram-map-k")),
+    ]
+
+    async def run() -> list:
+        async def deltas():  # noqa: ANN202
+            for text, origin in pieces:
+                yield Delta(text, origin=origin)
+            yield Finish("stop", 1, 9, {})
+
+        return [x async for x in with_calls(deltas(), ["get_weather"])]
+
+    *out, fin = asyncio.run(run())
+    assert fin.reason == "tool_calls" and not "".join(d.text for d in out)
+    assert [c.function.name for d in out for c in d.calls] == ["get_weather"]
+    assert sum(d.origin.tokens for d in out) == 9 and sum(d.origin.drafted for d in out) == 3
+    types = {t for d in out if d.origin.type for t in d.origin.type.split(",")}
+    assert types == {"suffix", "ngram-map-k"}

@@ -36,6 +36,12 @@ CASES = {
         '{"name": "search", "arguments": {"q": "rain"}}</tool_call>',
         ("Let me look.\n", [*PARIS, ("search", {"q": "rain"})]),
     ),
+    # the line breaks between and after calls are no content; text after a call is
+    "calls-on-lines": (
+        f"<tool_call>\n{CALL}\n</tool_call>\n<tool_call>\n{CALL}\n</tool_call>\n",
+        ("", PARIS * 2),
+    ),
+    "a-call-then-text": (f"<tool_call>{CALL}</tool_call>\n Done.", ("\n Done.", PARIS)),
     "bare": (CALL, ("", PARIS)),
     "bare-in-a-json-fence": (f"```json\n{CALL}\n```", ("", PARIS)),
     "plain": ("Paris is sunny.", ("Paris is sunny.", [])),
