@@ -186,7 +186,8 @@ def main(args: argparse.Namespace) -> None:
     t0 = time.monotonic()
     deadline = t0 + args.minutes * 60
     torch.manual_seed(args.seed)
-    loaded = load_model(args.model, "float32", progress=True)
+    # plain float weights: the head copies rows of the LM head (oneDNN-packed ones cannot)
+    loaded = load_model(args.model, "float32", progress=True, prepack=False)
     out = Path(args.out) if args.out else default_out(args.model)
     out.mkdir(parents=True, exist_ok=True)
     kinds = {k.strip() for k in args.data.split(",") if k.strip()}
