@@ -1,4 +1,4 @@
-"""`specserve models | generate | serve | bench`: CLI flags become config objects here only."""
+"""`specserve models | generate | serve | train-head | bench`: flags become config here only."""
 
 from __future__ import annotations
 
@@ -150,6 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_args(srv)
     add_cluster_args(srv)
     srv.set_defaults(func=_serve)
+
+    from specserve.bench import train_head
+
+    t = sub.add_parser("train-head", help="train an EAGLE-3 draft head for a model, on this CPU")
+    train_head.add_args(t)
+    t.set_defaults(func=train_head.main)
 
     b = sub.add_parser("bench", help="benchmarks that print a table")
     bsub = b.add_subparsers(dest="bench", required=True)

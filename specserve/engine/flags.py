@@ -103,7 +103,18 @@ def _add_spec_args(p: argparse.ArgumentParser, default_spec: str) -> None:
         f"chain that picks the most promising draft per slot and step; `prediction` drafts "
         f"only from a server request's OpenAI `prediction` (default {default_spec})",
     )
-    s.add_argument("--draft-model", "-md", default=None, help="draft model (name, .gguf, folder)")
+    s.add_argument(
+        "--draft-model",
+        "-md",
+        default=None,
+        help="draft model (name, .gguf, folder); with `eagle3` and no `draft`: the EAGLE-3 head",
+    )
+    s.add_argument(
+        "--draft-head",
+        default=None,
+        help="EAGLE-3 head for `eagle3`: an HF folder, a .gguf or a name in "
+        "$SPECSERVE_CACHE/heads (default: the model's own, <model>-eagle3, from train-head)",
+    )
     s.add_argument("--draft-max", type=int, default=d.n_max, help=f"most draft tokens ({d.n_max})")
     s.add_argument(
         "--draft-min", type=int, default=d.n_min, help=f"drop shorter drafts ({d.n_min})"
@@ -140,6 +151,7 @@ def settings_from_args(args: argparse.Namespace) -> EngineSettings:
         ctx_size=args.ctx_size,
         spec_types=tuple(parse_types(args.spec_type)),
         draft_model=args.draft_model,
+        draft_head=getattr(args, "draft_head", None),
         weights=args.weights,
         deterministic=args.deterministic,
         prepack=args.prepack,

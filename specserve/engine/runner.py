@@ -104,7 +104,8 @@ class ModelRunner:
         tokens = torch.tensor(flat, dtype=torch.long, device=self.device)
         hidden = self.model(tokens, batch, self.memory.cache)
         if self.record_hidden:
-            self._log_hidden(batch, hidden)
+            tapped = self.model.tapped if self.model.taps else None
+            self._log_hidden(batch, hidden if tapped is None else tapped)
         rows = [
             r
             for w, end in zip(work, batch.cu_seqlens[1:], strict=True)
@@ -215,6 +216,18 @@ class ModelRunner:
         self.policy.forget(slot)
 
     # final hidden states, for speculators that draft from them (mtp) -----------------------
+    def tap_layers(self, layers: tuple[int, ...]) -> None:
+        """From now on `take_hidden` gives, instead of the final hidden states, the inputs
+        of these target layers side by side [n, len(layers) * D] (an EAGLE-3 head's)."""
+        n = self.model.cfg.num_layers
+        if not layers or any(not 0 <= i < n for i in layers):
+            raise SpecserveError(f"layers to tap {list(layers)}: the model has layers 0..{n - 1}")
+        if self.record_hidden and self.model.taps != layers:
+            raise SpecserveError("the runner already hands its hidden states to another head")
+        self.model.taps = tuple(layers)
+        self.record_hidden = True
+        self._hidden.clear()
+
     def take_hidden(self, slot: int) -> tuple[int, torch.Tensor]:
         """(position p, hidden [n, D]): the final normed hidden states of the slot's tokens
         p .. p + n - 1 computed (and kept) since the last call; [0, D] when none."""
@@ -222,7 +235,8 @@ class ModelRunner:
         return p, rows
 
     def _no_hidden(self) -> torch.Tensor:
-        return torch.zeros(0, self.model.cfg.hidden_size, dtype=self.dtype, device=self.device)
+        width = self.model.cfg.hidden_size * max(1, len(self.model.taps))
+        return torch.zeros(0, width, dtype=self.dtype, device=self.device)
 
     def _log_hidden(self, batch: FlatBatch, hidden: torch.Tensor) -> None:
         cu = batch.cu_seqlens

@@ -7,6 +7,7 @@ the same everywhere.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -16,7 +17,9 @@ from specserve.engine.rollback import STRATEGIES
 from specserve.engine.runner import DEFAULT_SNAPSHOT_DEPTH, ModelRunner
 from specserve.engine.threads import ThreadTuner
 from specserve.errors import SpecserveError
+from specserve.loading.eagle3 import load_eagle3
 from specserve.loading.model import LoadedModel, load_model
+from specserve.models.eagle3 import Eagle3Head
 from specserve.models.layers.invariant import make_batch_invariant
 from specserve.speculative.base import Speculator
 from specserve.speculative.cost import ForwardCost
@@ -32,6 +35,9 @@ class EngineSettings:
     ctx_size: int = 0  # 0 = min(model's context, 4096)
     spec_types: tuple[str, ...] = ()
     draft_model: str | None = None
+    # an EAGLE-3 head (`eagle3`): a path or a name in $SPECSERVE_CACHE/heads; None: the
+    # model's own, `<model>-eagle3` (loading/eagle3.py)
+    draft_head: str | None = None
     weights: str = "dequant"  # dequant | int8 | int6 | int5 | int4 | auto (models/layers/quant.py)
     deterministic: bool = False  # batch-invariant kernels (models/layers/invariant.py)
     prepack: bool = True  # float32 CPU linears on oneDNN's packed weights (layers/packed.py)
@@ -55,6 +61,9 @@ class EngineSettings:
                 f"--rollback must be one of {', '.join(STRATEGIES)}, got {self.rollback!r}"
             )
         self.spec_types = tuple(parse_types(self.spec_types))
+        if "eagle3" in self.spec_types and "draft" not in self.spec_types and self.draft_model:
+            # as llama.cpp's -md: with only a head asked for, the draft model is the head
+            self.draft_head, self.draft_model = self.draft_head or self.draft_model, None
         if self.draft_model and "draft" not in self.spec_types:
             self.spec_types = (*self.spec_types, "draft")
 
@@ -135,9 +144,10 @@ def _speculator(
     progress: bool,
     draft: LoadedModel | None = None,
 ) -> Speculator | None:
-    """runner: the target's (the mtp speculator drafts from its hidden states)."""
+    """runner: the target's (the mtp and eagle3 speculators draft from its hidden states)."""
+    head = _eagle3_head(s, target, runner) if "eagle3" in s.spec_types else None
     if "draft" not in s.spec_types:
-        return build_speculator(s.spec_types, target=runner)
+        return build_speculator(s.spec_types, target=runner, eagle3_head=head)
     if draft is None:
         if not s.draft_model:
             raise SpecserveError("--spec-type draft needs --draft-model")
@@ -148,4 +158,10 @@ def _speculator(
     draft_runner = ModelRunner(draft.model, mem.num_slots, mem.max_len, rollback="checkpoint")
     # decoding is memory-bound: a draft forward costs about its share of weight bytes
     cost = weight_bytes(draft.model) / weight_bytes(target.model)
-    return build_speculator(s.spec_types, draft_runner, cost, target=runner)
+    return build_speculator(s.spec_types, draft_runner, cost, target=runner, eagle3_head=head)
+
+
+def _eagle3_head(s: EngineSettings, target: LoadedModel, runner: ModelRunner) -> Eagle3Head:
+    """The head --draft-head (or --draft-model, alone) names, else the model's own."""
+    name = s.draft_head or f"{Path(s.model).stem}-eagle3"
+    return load_eagle3(name, target.cfg, runner.dtype, runner.device)

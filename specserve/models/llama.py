@@ -15,6 +15,7 @@ from specserve.models.layers.basic import GatedMLP, RMSNorm, RotaryEmbedding, ad
 from specserve.models.layers.block_kernel import dense_block_kernel
 from specserve.models.layers.embedding import Embedding, rows_dtype_device
 from specserve.models.layers.lowbit import linear_into
+from specserve.models.layers.taps import Taps
 
 _UNSET = object()
 
@@ -85,6 +86,10 @@ class DenseTransformer(nn.Module):
             attn.rope = ropes.setdefault((attn.rope.theta, attn.rope.scale), attn.rope)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        # layers whose input (the residual stream) each forward also leaves in `tapped`
+        # [T, len(taps) * hidden], for an EAGLE-3 head (models/eagle3.py)
+        self.taps: tuple[int, ...] = ()
+        self.tapped: torch.Tensor | None = None
 
     def tie_weights(self) -> None:
         if not isinstance(self.embed, nn.Embedding):
@@ -105,8 +110,11 @@ class DenseTransformer(nn.Module):
             # the scale is rounded to the activation dtype first, as transformers does
             x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
         h = None
-        for block in self.layers:
+        taps = Taps(self.taps, x)
+        for i, block in enumerate(self.layers):
+            taps.take(i, x, h)
             x, h = block(x, h, batch, cache)
+        self.tapped = taps.out
         cache.advance(batch)
         return self.norm(x) if h is None else add_norm(x, h, self.norm)[1]
 

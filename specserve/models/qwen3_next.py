@@ -22,6 +22,7 @@ from specserve.models.layers.gated_attention import GatedAttention
 from specserve.models.layers.gated_delta import GatedDeltaNet
 from specserve.models.layers.lowbit import linear_into
 from specserve.models.layers.moe import SparseMoE
+from specserve.models.layers.taps import Taps
 
 
 class HybridBlock(nn.Module):
@@ -123,6 +124,9 @@ class HybridTransformer(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.mtp = MtpHead(cfg) if cfg.mtp_layers else None
+        # layers whose input each forward also leaves in `tapped` (models/layers/taps.py)
+        self.taps: tuple[int, ...] = ()
+        self.tapped: torch.Tensor | None = None
 
     def tie_weights(self) -> None:
         if not isinstance(self.embed, nn.Embedding):
@@ -156,8 +160,11 @@ class HybridTransformer(nn.Module):
     def forward(self, tokens: torch.Tensor, batch: FlatBatch, cache: HybridCache) -> torch.Tensor:
         cache.check_room(batch)
         x = self.embed(tokens)
-        for block in self.layers:
+        taps = Taps(self.taps, x)
+        for i, block in enumerate(self.layers):
+            taps.take(i, x, None)
             x = block(x, batch, cache.kv, cache.recurrent)
+        self.tapped = taps.out
         cache.advance(batch)
         return self.norm(x)
 

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import torch
 
 from specserve.batch import FlatBatch
+from specserve.cache.kv import KVCache
 from specserve.models.layers.embedding import Embedding
 from specserve.models.qwen3_next import MtpHead
 from specserve.speculative.base import Draft, DraftRequest, Speculator
@@ -64,28 +65,17 @@ class MtpTarget(HiddenSource, Protocol):
     def memory(self) -> SlotMemory: ...
 
 
-class MtpSpeculator(Speculator):
-    name = "mtp"
+class HiddenStateDrafter(Speculator):
+    """A head fed the target's hidden states (`take_hidden`), with its own KV cache whose
+    rows past the last exact one are dropped each step (the module doc). Subclasses give
+    `_forward`: one head step over every slot's rows."""
 
-    @classmethod
-    def from_runner(cls, runner: MtpTarget) -> MtpSpeculator:
-        """Draft with the MTP head of the model the target runner runs."""
-        mem = runner.memory
-        return cls(runner, runner.model, mem.num_slots, mem.max_len)
-
-    def __init__(self, target: HiddenSource, model: MtpModel, num_slots: int, max_len: int) -> None:
+    def __init__(self, target: HiddenSource, cache: KVCache, relative_cost: float) -> None:
         super().__init__()
-        if model.mtp is None:
-            raise ValueError("the model has no multi-token-prediction layers")
-        self.head, self.model = model.mtp, model
-        target.record_hidden = True  # from now on the runner keeps final hidden states
         self.target = target
-        self.cache = self.head.new_cache(num_slots, max_len)
-        self.device = self.head.fc.weight.device
-        # one draft step costs about one decoder layer plus the lm_head, of the whole target
-        n_layers = len(getattr(model, "layers", [])) or 1
-        self.relative_cost = 1.0 / (n_layers + 1)
-        self._exact: dict[int, int] = {}  # slot -> MTP rows built from target hidden states
+        self.cache = cache
+        self.relative_cost = relative_cost
+        self._exact: dict[int, int] = {}  # slot -> head rows built from target hidden states
         self._hidden: dict[int, tuple[int, torch.Tensor]] = {}  # target states not yet fed
 
     def _begin(self, slot: int, prompt: Sequence[int]) -> None:
@@ -124,13 +114,8 @@ class MtpSpeculator(Speculator):
         self, slots: list[int], tokens: list[list[int]], hidden: list[torch.Tensor]
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """One head forward over every slot's rows -> per slot (logits of its last row [V],
-        the head's hidden state of its last row [D])."""
-        starts = [self.cache.lengths[s] for s in slots]
-        batch = FlatBatch.build(slots, starts, [len(t) for t in tokens], self.device)
-        ids = torch.tensor([t for ts in tokens for t in ts], device=self.device)
-        out = self.head(self.model.embed(ids), torch.cat(hidden), batch, self.cache)
-        last = out[[c - 1 for c in batch.cu_seqlens[1:]]]
-        return list(zip(self.model.logits(last), last, strict=True))
+        the state its next draft step is fed [D])."""
+        raise NotImplementedError
 
     @torch.inference_mode()
     def _draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
@@ -155,3 +140,35 @@ class MtpSpeculator(Speculator):
                     nxt[2].append(h[None])
             slots, tokens, hidden = nxt
         return [drafts[r.slot] for r in requests]
+
+
+class MtpSpeculator(HiddenStateDrafter):
+    name = "mtp"
+
+    @classmethod
+    def from_runner(cls, runner: MtpTarget) -> MtpSpeculator:
+        """Draft with the MTP head of the model the target runner runs."""
+        mem = runner.memory
+        return cls(runner, runner.model, mem.num_slots, mem.max_len)
+
+    def __init__(self, target: HiddenSource, model: MtpModel, num_slots: int, max_len: int) -> None:
+        if model.mtp is None:
+            raise ValueError("the model has no multi-token-prediction layers")
+        # one draft step costs about one decoder layer plus the lm_head, of the whole target
+        n_layers = len(getattr(model, "layers", [])) or 1
+        super().__init__(target, model.mtp.new_cache(num_slots, max_len), 1.0 / (n_layers + 1))
+        self.head, self.model = model.mtp, model
+        target.record_hidden = True  # from now on the runner keeps final hidden states
+        self.device = self.head.fc.weight.device
+
+    def _forward(
+        self, slots: list[int], tokens: list[list[int]], hidden: list[torch.Tensor]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """One head forward over every slot's rows -> per slot (logits of its last row [V],
+        the head's hidden state of its last row [D])."""
+        starts = [self.cache.lengths[s] for s in slots]
+        batch = FlatBatch.build(slots, starts, [len(t) for t in tokens], self.device)
+        ids = torch.tensor([t for ts in tokens for t in ts], device=self.device)
+        out = self.head(self.model.embed(ids), torch.cat(hidden), batch, self.cache)
+        last = out[[c - 1 for c in batch.cu_seqlens[1:]]]
+        return list(zip(self.model.logits(last), last, strict=True))

@@ -6,9 +6,11 @@ from collections.abc import Callable, Sequence
 from importlib import import_module
 
 from specserve.errors import SpecserveError
+from specserve.models.eagle3 import Eagle3Head
 from specserve.speculative.base import Speculator
 from specserve.speculative.chain import ChainSpeculator
 from specserve.speculative.draft_model import DraftModelSpeculator, DraftRunner
+from specserve.speculative.eagle3 import Eagle3Speculator, Eagle3Target
 from specserve.speculative.mtp import MtpSpeculator, MtpTarget
 
 # name -> "module:Class" of the drafters that need nothing but their defaults
@@ -21,7 +23,7 @@ _SIMPLE = {
     "suffix": "specserve.speculative.suffix:SuffixSpeculator",
     "prediction": "specserve.speculative.prediction:PredictionSpeculator",
 }
-SPEC_TYPES = (*_SIMPLE, "draft", "mtp")
+SPEC_TYPES = (*_SIMPLE, "draft", "mtp", "eagle3")
 
 
 def parse_types(text: str | Sequence[str] | None) -> list[str]:
@@ -52,12 +54,19 @@ def build_speculator(
     types: Sequence[str],
     draft_runner: DraftRunner | None = None,
     draft_cost: float = 0.0,
-    target: MtpTarget | None = None,
+    target: MtpTarget | Eagle3Target | None = None,
+    eagle3_head: Eagle3Head | None = None,
+    eagle3_cost: float | None = None,
 ) -> Speculator | None:
     """One speculator for the given types; None for none. `draft` needs draft_runner,
-    `mtp` the target's runner (whose model must have MTP layers)."""
+    `mtp` the target's runner (whose model must have MTP layers), `eagle3` the target's
+    runner and a head loaded for it (loading/eagle3.py; its cost in target steps, by
+    default from the weight bytes each reads)."""
     made: list[Speculator] = []
-    for name in parse_types(types):
+    names = parse_types(types)
+    if "mtp" in names and "eagle3" in names:
+        raise SpecserveError("mtp and eagle3 both read the target's hidden states: pick one")
+    for name in names:
         if name == "draft":
             if draft_runner is None:
                 raise SpecserveError("--spec-type draft needs --draft-model")
@@ -69,6 +78,10 @@ def build_speculator(
                     "layers (Qwen3-Next / Qwen3.5 with mtp.* tensors, or nextn in GGUF)"
                 )
             made.append(MtpSpeculator.from_runner(target))
+        elif name == "eagle3":
+            if target is None or eagle3_head is None:
+                raise SpecserveError("--spec-type eagle3 needs --draft-model: an EAGLE-3 head")
+            made.append(Eagle3Speculator(target, eagle3_head, eagle3_cost))  # type: ignore[arg-type]
         else:
             made.append(_simple(name))
     if not made:

@@ -1,0 +1,205 @@
+"""`specserve train-head --model M`: an EAGLE-3 head for any served model, on this machine.
+
+Text the machine has offline: the model's own greedy answers to prompts made here
+(self-distillation: the head learns what this model says) and/or the Python standard
+library's source. Each sequence costs one target forward (taps and labels); the head trains
+on it with EAGLE-3's training-time test (speculative/head_training.py) until the budget is
+spent, checkpointing as it goes (a second run resumes). A held-out tenth of the sequences
+gives the acceptance curve at the end; the head is saved in SpecForge's public layout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sysconfig
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from specserve.engine.request import Request
+from specserve.engine.runner import ModelRunner
+from specserve.engine.sampling import SamplingParams
+from specserve.errors import SpecserveError
+from specserve.loading.eagle3 import save_eagle3
+from specserve.loading.model import LoadedModel, load_model
+from specserve.loading.sources import cache_dir
+from specserve.models.eagle3 import default_aux_layers
+from specserve.models.registry import LanguageModel
+from specserve.speculative import head_training as ht
+
+TOPICS = ["a linked list", "binary search", "a JSON parser", "an LRU cache", "CSV files",
+          "dates and time zones", "a web server", "unit tests", "regular expressions",
+          "sorting algorithms", "a command-line tool", "recursion", "file paths",
+          "a priority queue", "HTTP requests", "string formatting", "a tokenizer",
+          "matrix multiplication", "async code", "error handling"]  # fmt: skip
+ASKS = ["Write a Python function for {}.", "Explain {} to a beginner.",
+        "Write a short docstring and type hints for code about {}.",
+        "What are common mistakes with {}?", "Write a test for {} with pytest."]  # fmt: skip
+
+
+HELD_OUT = 64  # most held-out sequences: each costs a target forward at the end
+STDLIB_TOKENS = 400_000  # a cap on tokenizing time at the start; a run sees fewer
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="the target (name, .gguf or HF folder)")
+    p.add_argument("--out", default=None, help="where the head goes (default: the cache's heads/)")
+    p.add_argument("--minutes", type=float, default=120.0, help="time budget, all included")
+    p.add_argument("--data", default="answers,stdlib", help="answers and/or stdlib")
+    p.add_argument("--answers", type=int, default=64, help="self-distilled answers to make")
+    p.add_argument("--answer-tokens", type=int, default=256, help="tokens per answer")
+    p.add_argument("--seq-len", type=int, default=256, help="tokens per training sequence")
+    p.add_argument("--steps", type=int, default=4, help="training-time-test depth")
+    p.add_argument("--draft-vocab", type=int, default=32000, help="draft vocabulary size")
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-steps", type=int, default=0, help="stop after this many (0: budget)")
+
+
+def default_out(model: str) -> Path:
+    return cache_dir() / "heads" / f"{Path(model).stem}-eagle3"
+
+
+def answers(loaded: LoadedModel, n: int, max_tokens: int, slots: int = 4) -> list[list[int]]:
+    """The model's own greedy replies (prompt + reply ids) to n prompts made here."""
+    from specserve.engine.engine import Engine
+
+    tok = loaded.tokenizer
+    if tok is None:
+        raise SpecserveError("self-distillation needs the model's tokenizer")
+    asks = [a.format(t) for a in ASKS for t in TOPICS][:n]
+    prompts = [tok.chat([{"role": "user", "content": a}]) for a in asks]
+    runner = ModelRunner(loaded.model, slots, max(map(len, prompts)) + max_tokens + 8)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    done = Engine(runner).generate([Request(p, params) for p in prompts])
+    return [r.prompt + r.output for r in done]
+
+
+def stdlib_chunks(loaded: LoadedModel, n_tokens: int, seq_len: int, seed: int) -> list[list[int]]:
+    """About n_tokens of the standard library's Python source, in seq_len pieces."""
+    tok = loaded.tokenizer
+    if tok is None:
+        raise SpecserveError("stdlib text needs the model's tokenizer")
+    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+    random.Random(seed).shuffle(files)
+    out: list[list[int]] = []
+    for f in files:
+        ids = tok.encode_text(f.read_text(errors="ignore"))
+        out += [ids[i : i + seq_len] for i in range(0, len(ids) - seq_len + 1, seq_len)]
+        if len(out) * seq_len >= n_tokens:
+            break
+    return out
+
+
+def pieces(seqs: list[list[int]], seq_len: int) -> list[list[int]]:
+    return [s[i : i + seq_len] for s in seqs for i in range(0, max(1, len(s) - 16), seq_len)]
+
+
+def draft_vocab(target: LanguageModel, seqs: list[list[int]], size: int) -> torch.Tensor:
+    """The target ids the model says most often on this text (its argmax after each prefix
+    stands in for what it would say), sorted."""
+    counts: Counter[int] = Counter()
+    for s in seqs:
+        counts.update(s)
+    common = [t for t, _ in counts.most_common(size)]
+    chosen = set(common)
+    rest = [t for t in range(target.cfg.vocab_size) if t not in chosen]
+    return torch.tensor(sorted(common + rest[: size - len(common)]))
+
+
+def _checkpoint(path: Path, head: torch.nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"head": head.state_dict(), "opt": opt.state_dict(), **state}, tmp)
+    tmp.replace(path)  # a run killed mid-write keeps the last whole checkpoint
+
+
+def evaluate(
+    head: ht.Eagle3Head, target: LanguageModel, rows: list[ht.TargetRows], steps: int
+) -> dict:
+    """Held-out acceptance: top-1 at the first draft position, and per position the chance
+    that a draft reaching it is kept there."""
+    kept, reached = [0] * steps, [0] * steps
+    with torch.no_grad():
+        for r in rows:
+            k, n = ht.acceptance_counts(head, ht.unrolled_logits(head, target.embed, r, steps))
+            for j in range(len(k)):
+                kept[j], reached[j] = kept[j] + k[j], reached[j] + n[j]
+    curve = [k / n if n else 0.0 for k, n in zip(kept, reached, strict=True)]
+    return {"top1": curve[0], "per_position": curve, "rows": reached[0]}
+
+
+def train(
+    loaded: LoadedModel, seqs: list[list[int]], out: Path, args: argparse.Namespace, deadline: float
+) -> dict:
+    """Train (or resume) a head on seqs until the deadline; save it; return the report."""
+    from tqdm import tqdm
+
+    target = loaded.model
+    random.Random(args.seed).shuffle(seqs)
+    held = max(1, min(len(seqs) // 10, HELD_OUT))
+    test, seqs = seqs[:held], seqs[held:]
+    ckpt = out / "checkpoint.pt"
+    layers = default_aux_layers(target.cfg.num_layers)
+    size = min(args.draft_vocab, target.cfg.vocab_size)
+    saved = torch.load(ckpt, weights_only=False) if ckpt.exists() else None
+    ids = saved["d2t"] if saved else draft_vocab(target, seqs, size)
+    head = ht.new_head(target, ids)
+    opt = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0)
+    if saved:
+        head.load_state_dict(saved["head"])
+        opt.load_state_dict(saved["opt"])
+    step, tokens = (saved["step"], saved["tokens"]) if saved else (0, 0)
+    t2d = torch.full((target.cfg.vocab_size,), -1, dtype=torch.long)
+    t2d[head.d2t] = torch.arange(len(head.d2t))
+    last_save, losses = time.monotonic(), []
+    with tqdm(desc="train-head", unit="seq", initial=step) as bar:
+        while time.monotonic() < deadline and seqs and step != args.max_steps:
+            rows = ht.target_rows(target, seqs[step % len(seqs)], layers)
+            loss = ht.ttt_loss(head, t2d, ht.unrolled_logits(head, target.embed, rows, args.steps))
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            opt.step()
+            step, tokens = step + 1, tokens + len(rows.tokens)
+            losses.append(float(loss.detach()))
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            if time.monotonic() - last_save > 120:
+                state = {"step": step, "tokens": tokens, "d2t": head.d2t.clone()}
+                _checkpoint(ckpt, head, opt, state)
+                last_save, losses = time.monotonic(), []
+    _checkpoint(ckpt, head, opt, {"step": step, "tokens": tokens, "d2t": head.d2t.clone()})
+    test_rows = [ht.target_rows(target, s, layers) for s in test]
+    report = {"steps": step, "tokens": tokens, **evaluate(head, target, test_rows, args.steps)}
+    if len(losses) >= 20:  # this run's first and last ten steps
+        report["loss_first"], report["loss_last"] = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
+    save_eagle3(head, out)
+    (out / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def main(args: argparse.Namespace) -> None:
+    t0 = time.monotonic()
+    deadline = t0 + args.minutes * 60
+    torch.manual_seed(args.seed)
+    # plain float weights: the head copies rows of the LM head (oneDNN-packed ones cannot)
+    loaded = load_model(args.model, "float32", progress=True, prepack=False)
+    out = Path(args.out) if args.out else default_out(args.model)
+    out.mkdir(parents=True, exist_ok=True)
+    kinds = {k.strip() for k in args.data.split(",") if k.strip()}
+    if not kinds or kinds - {"answers", "stdlib"}:
+        raise SpecserveError(f"--data: answers and/or stdlib, got {args.data!r}")
+    seqs: list[list[int]] = []
+    if "answers" in kinds:
+        seqs += pieces(answers(loaded, args.answers, args.answer_tokens), args.seq_len)
+    if "stdlib" in kinds:
+        seqs += stdlib_chunks(loaded, STDLIB_TOKENS, args.seq_len, args.seed)
+    print(f"data: {len(seqs)} sequences in {time.monotonic() - t0:.0f}s")
+    report = train(loaded, seqs, out, args, deadline)
+    report["minutes"] = (time.monotonic() - t0) / 60
+    print(json.dumps(report))
+    print(f"head saved in {out}")

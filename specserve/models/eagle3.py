@@ -1,0 +1,117 @@
+"""EAGLE-3 draft head: one llama decoder layer that reads three of the target's layers.
+
+From the residual streams of three target layers (low, middle, high) at position i, fused
+by `fc` (3 * H_target -> H), and the embedding of token x_{i+1}, it predicts x_{i+2}:
+
+    g    = fc(concat(h_low, h_mid, h_high))         # or the head's own `prenorm` when drafting
+    a    = attn(concat(embed_norm(e), hidden_norm(g)))  # q/k/v read 2H, as in EAGLE-3
+    x    = g + a;  x = x + mlp(ffn_norm(x))         # prenorm: fed back for the next draft step
+    out  = lm_head(norm(x))                         # over a reduced draft vocabulary
+
+Draft id j is target id `d2t[j]` (held here as absolute ids; the HF layouts store the
+offset d2t[j] - j, llama.cpp's GGUF the absolute id). The tapped layer ids follow vLLM's
+`eagle_aux_hidden_state_layer_ids`: id j is the input of target layer j (0 = the embedding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from specserve.batch import FlatBatch
+from specserve.cache.kv import KVCache
+from specserve.models.config import ModelConfig
+from specserve.models.layers.attention import Attention
+from specserve.models.layers.basic import GatedMLP, RMSNorm
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    """The head's decoder layer (`layer`: a one-layer llama config whose vocab_size is the
+    target's) and what ties it to its target."""
+
+    layer: ModelConfig
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layers: tuple[int, ...]  # the target layers tapped (vLLM's ids)
+    norm_before_residual: bool = False  # the residual is hidden_norm(g) (RedHat's heads)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.layer.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.layer.vocab_size
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
+    """vLLM's and llama.cpp's choice when a checkpoint names none (SpecForge's 1, N/2 - 1,
+    N - 4 counted as layer outputs)."""
+    return (min(2, num_layers - 1), num_layers // 2, max(0, num_layers - 3))
+
+
+class Eagle3Head(nn.Module):
+    def __init__(self, cfg: Eagle3Config) -> None:
+        super().__init__()
+        h, eps, lc = cfg.hidden_size, cfg.layer.rms_norm_eps, cfg.layer
+        self.cfg = cfg
+        self.fc = nn.Linear(len(cfg.aux_layers) * cfg.target_hidden_size, h, bias=False)
+        self.embed_norm = RMSNorm(h, eps)  # input_layernorm
+        self.hidden_norm = RMSNorm(h, eps)
+        self.attn = Attention(lc, 0)
+        hd = lc.head_dim  # q/k/v read [embedding, fused state]: 2H wide
+        self.attn.q = nn.Linear(2 * h, lc.num_heads * hd, bias=lc.attention_bias)
+        self.attn.k = nn.Linear(2 * h, lc.num_kv_heads * hd, bias=lc.attention_bias)
+        self.attn.v = nn.Linear(2 * h, lc.num_kv_heads * hd, bias=lc.attention_bias)
+        self.attn._one_op = False  # the fused kernel path assumes H-wide inputs
+        self.ffn_norm = RMSNorm(h, eps)  # post_attention_layernorm
+        self.mlp = GatedMLP(h, lc.intermediate_size, lc.activation)
+        self.norm = RMSNorm(h, eps)
+        self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
+        # draft id -> target id (absolute); identity while the draft vocabulary is the target's
+        self.d2t: torch.Tensor
+        self.register_buffer("d2t", torch.arange(cfg.draft_vocab_size))
+        self.embed: nn.Embedding | None = None  # the head's own table, if its weights have one
+
+    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
+        p, lc = self.fc.weight, self.cfg.layer
+        return KVCache(1, num_slots, max_len, lc.num_kv_heads, lc.head_dim, p.dtype, p.device)
+
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        """The target's tapped states [T, 3 * H_target] -> the head's input state [T, H]."""
+        return self.fc(aux)
+
+    def layer(
+        self,
+        embeds: torch.Tensor,
+        g: torch.Tensor,
+        attend: Callable[[torch.Tensor], torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """embeds, g [T, H] -> (normed [T, H] for the lm_head, prenorm [T, H] fed back).
+        `attend(x) -> [T, H]` runs the attention (cached here, plain causal in training)."""
+        normed_g = self.hidden_norm(g)
+        x = torch.cat((self.embed_norm(embeds), normed_g), dim=-1)
+        residual = normed_g if self.cfg.norm_before_residual else g
+        x = residual + attend(x)
+        x = x + self.mlp(self.ffn_norm(x))
+        return self.norm(x), x
+
+    def forward(
+        self, embeds: torch.Tensor, g: torch.Tensor, batch: FlatBatch, cache: KVCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One cached step over flat rows (see `layer`)."""
+        cache.check_room(batch)
+        out = self.layer(embeds, g, lambda x: self.attn(x, batch, cache))
+        cache.advance(batch)
+        return out
+
+    def target_logits(self, normed: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """[N, H] -> logits over the target's vocabulary [N, V] (-inf outside the draft's)."""
+        small = self.lm_head(normed)
+        full = small.new_full((small.shape[0], vocab_size), float("-inf"))
+        full[:, self.d2t] = small
+        return full

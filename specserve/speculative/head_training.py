@@ -1,0 +1,165 @@
+"""Training an EAGLE-3 head on its target (torch autograd), with EAGLE-3's training-time test.
+
+One sequence of tokens x_0..x_{T-1} gives, from ONE target forward (no gradient), the
+tapped states aux_i and the target's own next token y_i = argmax p(. | x_0..x_i). The head
+is then unrolled `steps` times, as it drafts:
+
+    step 0:  row i reads (x_{i+1}, fc(aux_i))              and predicts y_{i+1}
+    step j:  row i reads (x_{i+1+j}, prenorm_{j-1, i})      and predicts y_{i+1+j}
+
+Step j's row i sits at position i + j and attends to step 0's rows 0..i and to its own
+rows of steps 1..j (what the head's cache holds when it drafts its j-th token), so the
+head learns from its own earlier outputs (the "training-time test"). The loss is the
+cross-entropy against y over the draft vocabulary (labels outside it are skipped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+from specserve.batch import FlatBatch
+from specserve.models.config import ModelConfig
+from specserve.models.eagle3 import Eagle3Config, Eagle3Head, default_aux_layers
+from specserve.models.layers.basic import apply_rotary
+from specserve.models.layers.embedding import Embedding
+from specserve.models.registry import LanguageModel
+
+
+def new_head(target: LanguageModel, draft_ids: torch.Tensor) -> Eagle3Head:
+    """A head shaped like one of the target's layers, started where drafting is easiest: it
+    reads the highest tapped layer and speaks through the target's final norm and LM head."""
+    t: ModelConfig = target.cfg
+    layer = ModelConfig(
+        arch="llama",
+        vocab_size=t.vocab_size,
+        hidden_size=t.hidden_size,
+        intermediate_size=t.intermediate_size,
+        num_layers=1,
+        num_heads=t.num_heads,
+        num_kv_heads=t.num_kv_heads,
+        head_dim=t.head_dim,
+        context_length=t.context_length,
+        rms_norm_eps=t.rms_norm_eps,
+        rope_theta=t.rope_theta,
+    )
+    cfg = Eagle3Config(layer, len(draft_ids), t.hidden_size, default_aux_layers(t.num_layers))
+    head = Eagle3Head(cfg)
+    h = t.hidden_size
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            p.copy_(torch.ones_like(p) if "norm" in name else torch.randn_like(p) * 0.02)
+        head.fc.weight.zero_()
+        head.fc.weight[:, 2 * h :] = torch.eye(h)
+        head.attn.o.weight.mul_(0.1)
+        head.mlp.down.weight.mul_(0.1)
+        head.norm.weight.copy_(target.norm.weight.float())
+        head.lm_head.weight.copy_(target.lm_head.weight.float()[draft_ids])
+        head.d2t.copy_(draft_ids)
+    return head
+
+
+@dataclass
+class TargetRows:
+    """One sequence as the head trains on it: tokens [T], tapped states [T, 3H], the
+    target's next token after each prefix [T]."""
+
+    tokens: torch.Tensor
+    aux: torch.Tensor
+    labels: torch.Tensor
+
+
+@torch.no_grad()
+def target_rows(target: LanguageModel, tokens: list[int], layers: tuple[int, ...]) -> TargetRows:
+    """One plain forward of the target over the sequence, its layers tapped."""
+    device = target.lm_head.weight.device
+    cache = target.new_cache(1, len(tokens))
+    batch = FlatBatch.build([0], [0], [len(tokens)], device)
+    ids = torch.tensor(tokens, device=device)
+    taps, target.taps = target.taps, layers
+    try:
+        hidden = target(ids, batch, cache)
+        assert target.tapped is not None  # a forward with taps leaves them
+        aux = target.tapped.float()
+    finally:
+        target.taps = taps
+    labels = target.logits(hidden).argmax(dim=-1)
+    return TargetRows(ids, aux, labels)
+
+
+def _unrolled_attention(
+    head: Eagle3Head, x: torch.Tensor, *, j: int, kv: list[tuple[torch.Tensor, torch.Tensor]]
+) -> torch.Tensor:
+    """Step j's attention: row i over step 0's rows 0..i and its own rows of steps 1..j.
+    x [T, 2H]; kv: the keys and values of the steps before (this step's are appended)."""
+    a = head.attn
+    n = x.shape[0]
+    pos = torch.arange(n, device=x.device) + j
+    cos, sin = a.rope.cos_sin(pos, x.dtype)
+    q = apply_rotary(a.q(x).view(n, a.num_heads, a.head_dim), cos, sin)
+    k = apply_rotary(a.k(x).view(n, a.num_kv_heads, a.head_dim), cos, sin)
+    kv.append((k, a.v(x).view(n, a.num_kv_heads, a.head_dim)))
+    rep = a.num_heads // a.num_kv_heads
+    ks = [k.repeat_interleave(rep, dim=1) for k, _ in kv]
+    vs = [v.repeat_interleave(rep, dim=1) for _, v in kv]
+    causal = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
+    s0 = torch.einsum("ihd,khd->hik", q, ks[0]) * a.scale
+    s0 = s0.masked_fill(~causal, float("-inf"))
+    diag = [torch.einsum("ihd,ihd->hi", q, k)[..., None] * a.scale for k in ks[1:]]
+    w = torch.softmax(torch.cat([s0, *diag], dim=-1), dim=-1)
+    out = torch.einsum("hik,khd->ihd", w[..., :n], vs[0])
+    for m, v in enumerate(vs[1:]):
+        out = out + w[..., n + m, None].transpose(0, 1) * v
+    return a.o(out.reshape(n, -1))
+
+
+def unrolled_logits(
+    head: Eagle3Head, embed: Embedding, rows: TargetRows, steps: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per step j: (draft-vocabulary logits [T - 1 - j, Vd], target labels [T - 1 - j])."""
+    n = rows.tokens.shape[0]
+    with torch.no_grad():
+        e = embed(rows.tokens).float()
+    g = head.fuse(rows.aux[: n - 1])
+    kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+    out = []
+    for j in range(min(steps, n - 1)):
+        m = n - 1 - j  # rows whose token x_{i+1+j} and label y_{i+1+j} exist
+        g, kv = g[:m], [(k[:m], v[:m]) for k, v in kv]
+        attend = partial(_unrolled_attention, head, j=j, kv=kv)
+        normed, g = head.layer(e[1 + j : 1 + j + m], g, attend)
+        out.append((head.lm_head(normed), rows.labels[1 + j : 1 + j + m]))
+    return out
+
+
+def ttt_loss(
+    head: Eagle3Head, t2d: torch.Tensor, pairs: list[tuple[torch.Tensor, torch.Tensor]]
+) -> torch.Tensor:
+    """Cross-entropy of every unrolled step against the target's tokens in the draft
+    vocabulary (t2d: target id -> draft id, -1 outside it), steps weighted alike."""
+    losses = []
+    for logits, labels in pairs:
+        draft = t2d[labels]
+        keep = draft >= 0
+        if keep.any():
+            losses.append(F.cross_entropy(logits[keep], draft[keep]))
+    return torch.stack(losses).mean() if losses else torch.zeros((), requires_grad=True)
+
+
+def acceptance_counts(
+    head: Eagle3Head, pairs: list[tuple[torch.Tensor, torch.Tensor]]
+) -> tuple[list[int], list[int]]:
+    """Per draft position j: (rows where positions 0..j were all right, rows where 0..j-1
+    were): a greedy draft's chance to be kept at j, given it got there."""
+    n = pairs[-1][0].shape[0] if pairs else 0
+    ok = torch.ones(n, dtype=torch.bool)
+    kept, reached = [], []
+    for logits, labels in pairs:
+        right = (head.d2t[logits.argmax(dim=-1)] == labels)[:n]
+        reached.append(int(ok.sum()))
+        ok = ok & right
+        kept.append(int(ok.sum()))
+    return kept, reached

@@ -1,0 +1,93 @@
+"""EAGLE-3 heads load from every public layout (SpecForge's and vLLM's HF folders, the
+speculators' nesting, llama.cpp's GGUF) into the same head, checked against the target."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specserve.errors import SpecserveError
+from specserve.loading.eagle3 import load_eagle3, save_eagle3
+from specserve.models.eagle3 import Eagle3Head
+from tests.tiny_eagle3 import random_head, write_gguf_head, write_vllm_layout
+
+
+@pytest.fixture(scope="module")
+def target():  # noqa: ANN201
+    """What the loader checks heads against: a tiny target's config (3 layers, H = 64)."""
+    from types import SimpleNamespace
+
+    from specserve.loading.hf import config_from_hf
+    from tests.tiny import hf_config
+
+    return SimpleNamespace(cfg=config_from_hf(hf_config("qwen2").to_dict()))
+
+
+LAYOUTS = {
+    "specforge": lambda h, d: (save_eagle3(h, d), d)[1],
+    "vllm": lambda h, d: write_vllm_layout(h, d),
+    "speculators": lambda h, d: write_vllm_layout(h, d, speculators=True),
+    "gguf": lambda h, d: write_gguf_head(h, d / "head.gguf"),
+}
+
+
+def _same(a: Eagle3Head, b: Eagle3Head) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        # GGUF and the saved layout hold float32: the float64 head's weights rounded
+        assert torch.allclose(sa[k].double(), sb[k].double(), rtol=0, atol=1e-7), k
+    assert a.cfg.aux_layers == b.cfg.aux_layers
+    assert a.cfg.draft_vocab_size == b.cfg.draft_vocab_size
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_layout_loads_the_same_head(layout: str, tmp_path: Path, target) -> None:  # noqa: ANN001
+    head = random_head(target.cfg, draft_vocab=96, seed=2)
+    path = LAYOUTS[layout](head, tmp_path)
+    loaded = load_eagle3(path, target.cfg, torch.float64)
+    _same(head, loaded)
+    assert loaded.d2t.tolist() != list(range(96))  # a real reduced vocabulary, mapped back
+    # the same drafts: one step over the same rows
+    x = torch.randn(5, target.cfg.hidden_size, dtype=torch.float64)
+    mine = head.layer(x, x, lambda y: head.attn.o(head.attn.v(y)))[0]
+    theirs = loaded.layer(x, x, lambda y: loaded.attn.o(loaded.attn.v(y)))[0]
+    assert torch.allclose(mine, theirs, atol=1e-5)
+
+
+def test_a_head_is_found_by_name_in_the_cache(tmp_path: Path, target, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path))
+    save_eagle3(random_head(target.cfg), tmp_path / "heads" / "tiny-eagle3")
+    assert load_eagle3("tiny", target.cfg, torch.float64).cfg.draft_vocab_size == 96
+    with pytest.raises(SpecserveError, match="no EAGLE-3 head 'other'"):
+        load_eagle3("other", target.cfg)
+
+
+MISFITS = {
+    "hidden": ({"target_hidden_size": 32}, "hidden states of size 32"),
+    "vocab": ({"vocab_size": 100}, "vocabulary has 100 tokens"),
+    "layers": ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 7]}}, "taps layers"),
+    "two layers": ({"num_hidden_layers": 2}, "one decoder layer"),
+}
+
+
+@pytest.mark.parametrize("case", MISFITS)
+def test_a_head_for_another_model_is_refused(case: str, tmp_path: Path, target) -> None:  # noqa: ANN001
+    save_eagle3(random_head(target.cfg), tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    change, message = MISFITS[case]
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, **change}))
+    with pytest.raises(SpecserveError, match=message):
+        load_eagle3(tmp_path, target.cfg)
+
+
+def test_a_gguf_of_another_architecture_is_refused(tmp_path: Path, target) -> None:  # noqa: ANN001
+    from tests.tiny import make_hf_model
+    from tests.tiny_gguf import write_gguf
+
+    path = write_gguf(make_hf_model("llama"), "llama", tmp_path / "m.gguf")
+    with pytest.raises(SpecserveError, match="not an eagle3 head"):
+        load_eagle3(path, target.cfg)

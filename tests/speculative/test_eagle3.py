@@ -1,0 +1,157 @@
+"""`eagle3`: greedy output with an EAGLE-3 head drafting (alone and in the chain) equals
+output without speculation, 128 tokens, 1 and 3 slots (tiny float64 models); the head is
+fed the taps of the verify forward the engine ran anyway."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from specserve.engine.engine import Engine
+from specserve.engine.request import Request, SpecParams
+from specserve.engine.runner import ModelRunner
+from specserve.engine.sampling import SamplingParams
+from specserve.errors import SpecserveError
+from specserve.loading.eagle3 import load_eagle3
+from specserve.models.eagle3 import Eagle3Head
+from specserve.speculative.cost import ForwardCost
+from specserve.speculative.registry import build_speculator
+from tests.loading.test_eagle3_heads import LAYOUTS
+from tests.speculative.cases_seen import CasesSeen
+from tests.speculative.test_hybrid_exactness import _models as hybrid_models
+from tests.speculative.test_hybrid_exactness import _prompts as hybrid_prompts
+from tests.tiny import VOCAB
+from tests.tiny_eagle3 import foreseeing_head, nearly_bigram, random_head
+
+N_TOKENS = 128
+CTX = 320
+
+
+def _prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for n in (50, 70, 60):
+        body = torch.randint(0, VOCAB, (n,), generator=g).tolist()
+        out.append(body + body[5:25])
+    return out
+
+
+def _run(model, types: str, head: Eagle3Head | None, prompts, n_max: int = 8, **runner_args):  # noqa: ANN001, ANN003, ANN201
+    runner = ModelRunner(model, num_slots=len(prompts), max_len=CTX, **runner_args)
+    spec = (
+        build_speculator(types.split(","), target=runner, eagle3_head=head, eagle3_cost=0.05)
+        if types
+        else None
+    )
+    params = SamplingParams(temperature=0, max_tokens=N_TOKENS)
+    reqs = [Request(p, params, SpecParams(n_max=n_max, p_min=0.0)) for p in prompts]
+    # verify rows nearly free, so the head is asked even after misses: more cases covered
+    Engine(runner, spec, cost=ForwardCost(measure=False, per_row=0.05)).generate(reqs)
+    return [r.output for r in reqs], spec
+
+
+@pytest.fixture(scope="module")
+def bigram(target):  # noqa: ANN001, ANN201
+    return nearly_bigram(target)
+
+
+@pytest.fixture(scope="module")
+def reference(bigram) -> list[list[int]]:  # noqa: ANN001
+    return [_run(bigram, "", None, [p])[0][0] for p in _prompts()]
+
+
+SEEN = CasesSeen()
+HEADS = {
+    "foreseeing": lambda t: foreseeing_head(t, noise=0.6),
+    "random": lambda t: random_head(t.cfg, seed=4),
+}
+
+
+@pytest.mark.parametrize("n_max", [1, 8])
+@pytest.mark.parametrize("types", ["eagle3", "ngram-map-k,suffix,eagle3"])
+@pytest.mark.parametrize("kind", HEADS)
+def test_eagle3_equals_plain_greedy(kind: str, types: str, n_max: int, bigram, reference) -> None:  # noqa: ANN001
+    head = HEADS[kind](bigram)
+    prompts = _prompts()
+    out, spec = _run(bigram, types, head, prompts, n_max)
+    assert out == reference  # three slots at once
+    out1, spec1 = _run(bigram, types, head, prompts[1:2], n_max)
+    assert out1 == reference[1:2]  # and one alone
+    for s in (spec, spec1):
+        assert s is not None
+        SEEN.add(s.stats)
+
+
+@pytest.mark.parametrize("layout", ["specforge", "vllm", "gguf"])
+def test_heads_loaded_from_each_layout_keep_greedy_exact(
+    layout: str, bigram, reference, tmp_path: Path
+) -> None:  # noqa: ANN001
+    head = foreseeing_head(bigram, noise=0.3)
+    path = LAYOUTS[layout](head, tmp_path)
+    loaded = load_eagle3(path, bigram.cfg, torch.float64)
+    out, spec = _run(bigram, "eagle3", loaded, _prompts())
+    assert out == reference
+    assert spec is not None
+    SEEN.add(spec.stats)
+
+
+@pytest.mark.parametrize("rollback", ["snapshots", "checkpoint"])
+def test_hybrid_target_with_eagle3_equals_plain(rollback: str) -> None:
+    """Qwen3.5 (Gated DeltaNet + gated attention): the head taps its layers while the
+    target's recurrent state goes back by snapshots or checkpoint and replay."""
+    target, _ = hybrid_models("qwen3_5")
+    prompts = hybrid_prompts()
+    plain, _ = _run(target, "", None, prompts, rollback=rollback)
+    head = foreseeing_head(target, noise=0.3)
+    out, spec = _run(target, "eagle3", head, prompts, rollback=rollback)
+    assert out == plain
+    assert spec is not None and spec.stats.tokens_accepted > 0
+    SEEN.add(spec.stats)
+
+
+def test_empty_rejected_and_full_drafts_all_occurred() -> None:
+    """Runs after the parametrized cases above (pytest keeps file order)."""
+    SEEN.assert_all_occurred()
+
+
+def test_foreseeing_head_is_mostly_right(bigram) -> None:  # noqa: ANN001
+    """The drafts are kept often: the head really drafts from what it is fed."""
+    _, spec = _run(bigram, "eagle3", foreseeing_head(bigram), _prompts())
+    assert spec is not None and spec.stats.acceptance_rate > 0.3
+
+
+def test_eagle3_and_mtp_together_are_refused(bigram) -> None:  # noqa: ANN001
+    runner = ModelRunner(bigram, num_slots=1, max_len=CTX)
+    with pytest.raises(SpecserveError, match="pick one"):
+        build_speculator(["mtp", "eagle3"], target=runner, eagle3_head=random_head(bigram.cfg))
+    with pytest.raises(SpecserveError, match="needs --draft-model"):
+        build_speculator(["eagle3"], target=runner)
+
+
+def test_engine_settings_load_the_head_named_by_draft_model(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """`--spec-type eagle3 --draft-model HEAD` as llama.cpp's -md; by default the model's
+    own head, `<model>-eagle3` in the cache."""
+    from specserve.engine.setup import EngineSettings, build_engine
+    from specserve.loading.eagle3 import save_eagle3
+    from specserve.loading.model import LoadedModel
+    from tests.tiny import write_hf_folder
+
+    write_hf_folder("qwen2", tmp_path / "tiny", seed=11)
+    from specserve.loading.model import load_model
+
+    target = load_model(tmp_path / "tiny", "float64", with_tokenizer=False)
+    save_eagle3(random_head(target.cfg), tmp_path / "head")
+    s = EngineSettings(str(tmp_path / "tiny"), "float64", spec_types=("eagle3",),
+                       draft_model=str(tmp_path / "head"), ctx_size=CTX)  # fmt: skip
+    assert s.spec_types == ("eagle3",) and s.draft_head == str(tmp_path / "head")
+    engine, _ = build_engine(s, target=target, progress=False)
+    assert engine.speculator is not None and engine.speculator.name == "eagle3"
+    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path / "cache"))
+    s = EngineSettings(str(tmp_path / "tiny"), "float64", spec_types=("eagle3",), ctx_size=CTX)
+    with pytest.raises(SpecserveError, match="no EAGLE-3 head 'tiny-eagle3'"):
+        build_engine(s, target=LoadedModel(target.model, None, target.path), progress=False)
+    save_eagle3(random_head(target.cfg), tmp_path / "cache" / "heads" / "tiny-eagle3")
+    engine, _ = build_engine(s, target=target, progress=False)
+    assert engine.speculator is not None and engine.speculator.name == "eagle3"
