@@ -279,7 +279,7 @@ def main(args: argparse.Namespace) -> None:
             rows.setdefault(name, []).append(row)
             print(
                 f"store {name}: turns 2+ mean TTFT {row.ttft_later_s or 0:.2f}s, "
-                f"{row.cached_share:.1%} cached, peak RSS {peak:.0f} MiB",
+                f"{row.cached_share:.1%} cached, peak RSS {row.peak_rss_mib:.0f} MiB",
                 flush=True,
             )
     table = [_median(rs) for rs in rows.values()]
