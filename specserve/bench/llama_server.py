@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx2
 
-from specserve.bench.server_process import read_rss_mib
+from specserve.bench.server_process import Subprocess, read_rss_mib
 from specserve.errors import SpecserveError
 
 
@@ -40,7 +40,7 @@ class LlamaServerSpec:
         return argv + (["--spec-default"] if self.spec else [])
 
 
-class LlamaServer:
+class LlamaServer(Subprocess):
     """One llama-server in a subprocess; a context manager that always stops it."""
 
     def __init__(self, spec: LlamaServerSpec, log_path: Path, startup_timeout: float = 300.0):
@@ -48,46 +48,21 @@ class LlamaServer:
             raise SpecserveError(
                 f"no llama-server at {spec.exe}: build it with ../shared/tools/build-llama-cpp"
             )
+        super().__init__(log_path, startup_timeout)
         self.spec = spec
-        self.log_path = log_path
-        self.startup_timeout = startup_timeout
-        self.url = ""
-        self._proc: subprocess.Popen[bytes] | None = None
 
-    @property
-    def pid(self) -> int:
-        assert self._proc is not None, "llama-server is not started"
-        return self._proc.pid
-
-    def __enter__(self) -> LlamaServer:
+    def start(self) -> None:
+        """Start llama-server and return once /health answers ok."""
         port = _free_port()
         with self.log_path.open("wb") as log:
-            argv = self.spec.argv(port)
-            self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+            self._proc = subprocess.Popen(
+                self.spec.argv(port), stdout=log, stderr=subprocess.STDOUT
+            )
         self.url = f"http://127.0.0.1:{port}"
-        try:
-            self._wait_for_health()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self._wait_for_health()
 
     def peak_rss_mib(self) -> float:
         return read_rss_mib(self.pid, "VmHWM")
-
-    def stop(self) -> None:
-        proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
     def _wait_for_health(self) -> None:
         # /health is 503 while the model loads, 200 once it serves
@@ -95,8 +70,7 @@ class LlamaServer:
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                tail = self.log_path.read_text(errors="replace").splitlines()[-20:]
-                raise SpecserveError("llama-server exited at start:\n" + "\n".join(tail))
+                raise SpecserveError(f"llama-server exited at start:\n{self.log_tail()}")
             try:
                 if httpx2.get(self.url + "/health", timeout=5).status_code == 200:
                     return

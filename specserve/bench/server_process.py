@@ -107,11 +107,10 @@ class _Started:
         self.stop()
 
 
-class ServerProcess(_Started):
-    """One benchmark server in a subprocess; a context manager that always stops it."""
+class Subprocess(_Started):
+    """A server in a subprocess, its output in `log_path`; stopped on the way out."""
 
-    def __init__(self, spec: ServerSpec, log_path: Path, startup_timeout: float = 900.0):
-        self.spec = spec
+    def __init__(self, log_path: Path, startup_timeout: float) -> None:
         self.log_path = log_path
         self.startup_timeout = startup_timeout
         self.url = ""
@@ -121,21 +120,6 @@ class ServerProcess(_Started):
     def pid(self) -> int:
         assert self._proc is not None, "the server is not started"
         return self._proc.pid
-
-    def start(self) -> None:
-        """Start the server and return once /health answers ok."""
-        env = dict(os.environ)
-        if self.spec.threads:
-            env["OMP_NUM_THREADS"] = str(self.spec.threads)
-        with self.log_path.open("wb") as log:  # the child keeps its own copy of the fd
-            self._proc = subprocess.Popen(
-                self.spec.argv(), stdout=log, stderr=subprocess.STDOUT, env=env
-            )
-        self.url = self._wait_for_url()
-        self._wait_for_health()
-
-    def rss_mib(self) -> float:
-        return read_rss_mib(self.pid)
 
     def stop(self, timeout: float = 60.0) -> int | None:
         """SIGTERM (the server drains and exits), then SIGKILL if it takes over `timeout`."""
@@ -152,6 +136,29 @@ class ServerProcess(_Started):
     def log_tail(self, lines: int = 20) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+class ServerProcess(Subprocess):
+    """One benchmark server in a subprocess; a context manager that always stops it."""
+
+    def __init__(self, spec: ServerSpec, log_path: Path, startup_timeout: float = 900.0):
+        super().__init__(log_path, startup_timeout)
+        self.spec = spec
+
+    def start(self) -> None:
+        """Start the server and return once /health answers ok."""
+        env = dict(os.environ)
+        if self.spec.threads:
+            env["OMP_NUM_THREADS"] = str(self.spec.threads)
+        with self.log_path.open("wb") as log:  # the child keeps its own copy of the fd
+            self._proc = subprocess.Popen(
+                self.spec.argv(), stdout=log, stderr=subprocess.STDOUT, env=env
+            )
+        self.url = self._wait_for_url()
+        self._wait_for_health()
+
+    def rss_mib(self) -> float:
+        return read_rss_mib(self.pid)
 
     def _wait_for_url(self) -> str:
         assert self._proc is not None
