@@ -157,7 +157,7 @@ def train(
     t2d[head.d2t] = torch.arange(len(head.d2t))
     last_save, losses = time.monotonic(), []
     with tqdm(desc="train-head", unit="seq", initial=step) as bar:
-        while time.monotonic() < deadline and seqs and step != args.max_steps:
+        while time.monotonic() < deadline and seqs and not _enough(step, args.max_steps):
             rows = ht.target_rows(target, seqs[step % len(seqs)], layers)
             loss = ht.ttt_loss(head, t2d, ht.unrolled_logits(head, target.embed, rows, args.steps))
             opt.zero_grad()
@@ -180,6 +180,11 @@ def train(
     save_eagle3(head, out)
     (out / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def _enough(step: int, max_steps: int) -> bool:
+    """Whether `--max-steps` is reached (0: no step limit, only the time budget)."""
+    return 0 < max_steps <= step
 
 
 def main(args: argparse.Namespace) -> None:

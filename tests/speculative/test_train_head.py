@@ -76,3 +76,16 @@ def test_train_resume_save_and_draft(target, tmp_path: Path) -> None:  # noqa: A
     out, spec = _run(model, "eagle3", head, _prompts()[:2])
     assert out == plain
     assert spec is not None and spec.stats.tokens_accepted > 0
+
+
+def test_without_max_steps_the_time_budget_alone_bounds_training(  # noqa: ANN201
+    target,  # noqa: ANN001
+    tmp_path: Path,
+):
+    # --max-steps 0 (the default) once ended the loop before its first step
+    model = nearly_bigram(target).float()
+    loaded = LoadedModel(model, None, tmp_path / "tiny")
+    report = train_head.train(
+        loaded, list(_own_text(model)), tmp_path, _args(argv=[]), time.monotonic() + 3
+    )
+    assert report["steps"] > 0 and report["tokens"] > 0
