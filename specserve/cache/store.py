@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -142,11 +142,12 @@ class PromptStore:
         slot: int,
         tokens: Sequence[int],
         salt: str | None,
-        extra: object = None,
-        extra_bytes: int = 0,
+        side: Callable[[], tuple[object, int]] | None = None,
     ) -> bool:
         """Keep what `slot` holds (its memory holds exactly `tokens`), unless it is held
-        already or does not fit the budget. Returns whether the state is in the store."""
+        already or does not fit the budget. Returns whether the state is in the store.
+        `side()` gives what the engine keeps beside it, (state, bytes); it is asked only
+        when a new entry is made, as it may copy a draft model's memory."""
         if self.budget == 0 or not tokens:
             return False
         if memory.length(slot) != len(tokens):
@@ -159,7 +160,7 @@ class PromptStore:
         shared = self._chain(tokens, salt)
         for bid in shared:  # pinned: eviction below must not free what the entry reuses
             self._blocks[bid].users += 1
-        stored = self._store(memory, slot, tokens, salt, shared, (extra, extra_bytes))
+        stored = self._store(memory, slot, tokens, salt, shared, side)
         for bid in shared:
             self._release(bid)
         if stored and not recurrent:  # an attention-only entry covers those it extends
@@ -173,7 +174,7 @@ class PromptStore:
         tokens: Sequence[int],
         salt: str | None,
         shared: list[int],
-        extra: tuple[object, int],
+        side: Callable[[], tuple[object, int]] | None,
     ) -> bool:
         n_full = len(tokens) // self.block * self.block
         tail = _host(memory.read_kv(slot, n_full, len(tokens)))
@@ -181,7 +182,7 @@ class PromptStore:
         if memory.recurrent is not None:
             conv, ssm = memory.recurrent.save(slot)
             rec = [t.to("cpu") for t in conv], [t.to("cpu") for t in ssm]
-        entry = Entry(tuple(tokens), salt, list(shared), tail, rec, *extra)
+        entry = Entry(tuple(tokens), salt, list(shared), tail, rec, *(side() if side else ()))
         n_missing = n_full // self.block - len(shared)
         need = entry.own_bytes + self._block_bytes(memory) * n_missing
         if need > self.budget:

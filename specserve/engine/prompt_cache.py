@@ -24,6 +24,7 @@ Beside a saved state the engine may keep its own (`SideState`: a speculator's).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Protocol
 
 from specserve.cache.memory import Memory
@@ -112,8 +113,8 @@ class PromptCache:
         held = self._held.get(slot, [])
         if self.store is None or len(held) <= n_kept:
             return
-        side = self.side.save_state(slot) if self.side is not None else (None, 0)
-        self.store.save(self.memory, slot, held, self._salts.get(slot), *side)
+        side = partial(self.side.save_state, slot) if self.side is not None else None
+        self.store.save(self.memory, slot, held, self._salts.get(slot), side)
 
     def clear(self) -> None:
         """Forget every held prefix (after an engine failure the memory is suspect); the
