@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sysconfig
 import time
@@ -50,11 +51,21 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="where the head goes (default: the cache's heads/)")
     p.add_argument("--minutes", type=float, default=120.0, help="time budget, all included")
     p.add_argument("--data", default="answers,stdlib", help="answers and/or stdlib")
-    p.add_argument("--answers", type=int, default=64, help="self-distilled answers to make")
+    p.add_argument(
+        "--answers",
+        type=int,
+        default=256,
+        help="self-distilled answers to make (the held-out set is cut from them)",
+    )
     p.add_argument("--answer-tokens", type=int, default=256, help="tokens per answer")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per training sequence")
     p.add_argument("--steps", type=int, default=4, help="training-time-test depth")
-    p.add_argument("--draft-vocab", type=int, default=32000, help="draft vocabulary size")
+    p.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=16000,
+        help="draft vocabulary size (its LM head is most of a step's cost)",
+    )
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many (0: budget)")
@@ -64,19 +75,38 @@ def default_out(model: str) -> Path:
     return cache_dir() / "heads" / f"{Path(model).stem}-eagle3"
 
 
-def answers(loaded: LoadedModel, n: int, max_tokens: int, slots: int = 4) -> list[list[int]]:
-    """The model's own greedy replies (prompt + reply ids) to n prompts made here."""
+def asks(n: int, seed: int) -> list[str]:
+    """n prompts: each ask about each topic, the standard library's modules among them."""
+    modules = sorted(p.stem for p in Path(sysconfig.get_paths()["stdlib"]).glob("[a-z]*.py"))
+    topics = TOPICS + [f"Python's {m} module" for m in modules]
+    out = [a.format(t) for t in topics for a in ASKS]
+    random.Random(seed).shuffle(out)
+    return out[:n]
+
+
+def answers(
+    loaded: LoadedModel, n: int, max_tokens: int, seed: int, slots: int = 16
+) -> list[tuple[list[int], list[int]]]:
+    """The model's own greedy replies (prompt ids, reply ids) to n prompts made here."""
+    from tqdm import tqdm
+
     from specserve.engine.engine import Engine
 
     tok = loaded.tokenizer
     if tok is None:
         raise SpecserveError("self-distillation needs the model's tokenizer")
-    asks = [a.format(t) for a in ASKS for t in TOPICS][:n]
-    prompts = [tok.chat([{"role": "user", "content": a}]) for a in asks]
+    prompts = [tok.chat([{"role": "user", "content": a}]) for a in asks(n, seed)]
     runner = ModelRunner(loaded.model, slots, max(map(len, prompts)) + max_tokens + 8)
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
-    done = Engine(runner).generate([Request(p, params) for p in prompts])
-    return [r.prompt + r.output for r in done]
+    engine = Engine(runner)
+    reqs = [Request(p, params) for p in prompts]
+    for r in reqs:
+        engine.add_request(r)
+    with tqdm(desc="answers", total=len(reqs), unit="answer") as bar:
+        while engine.has_work():
+            engine.step()
+            bar.update(sum(r.finished for r in reqs) - bar.n)
+    return [(r.prompt, r.output) for r in reqs]
 
 
 def stdlib_chunks(loaded: LoadedModel, n_tokens: int, seq_len: int, seed: int) -> list[list[int]]:
@@ -121,27 +151,40 @@ def evaluate(
     head: ht.Eagle3Head, target: LanguageModel, rows: list[ht.TargetRows], steps: int
 ) -> dict:
     """Held-out acceptance: top-1 at the first draft position, and per position the chance
-    that a draft reaching it is kept there."""
+    that a draft reaching it is kept there (rows before each row's `start` not scored)."""
     kept, reached = [0] * steps, [0] * steps
     with torch.no_grad():
         for r in rows:
-            k, n = ht.acceptance_counts(head, ht.unrolled_logits(head, target.embed, r, steps))
+            pairs = ht.unrolled_logits(head, target.embed, r, steps)
+            k, n = ht.acceptance_counts(head, [(lg[r.start :], lb[r.start :]) for lg, lb in pairs])
             for j in range(len(k)):
                 kept[j], reached[j] = kept[j] + k[j], reached[j] + n[j]
     curve = [k / n if n else 0.0 for k, n in zip(kept, reached, strict=True)]
     return {"top1": curve[0], "per_position": curve, "rows": reached[0]}
 
 
+def lr_scale(step: int, done: float, warmup: int = 50) -> float:
+    """Linear warmup, then a cosine from 1 to 0.1 as the budget (`done`, 0..1) is spent."""
+    return min(1.0, (step + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(done, 1.0))))
+
+
 def train(
-    loaded: LoadedModel, seqs: list[list[int]], out: Path, args: argparse.Namespace, deadline: float
+    loaded: LoadedModel,
+    seqs: list[list[int]],
+    out: Path,
+    args: argparse.Namespace,
+    deadline: float,
+    held: list[tuple[list[int], int]] | None = None,
 ) -> dict:
-    """Train (or resume) a head on seqs until the deadline; save it; return the report."""
+    """Train (or resume) a head on seqs until the deadline; save it; return the report.
+    held: (tokens, first scored row) to measure on; by default a tenth of seqs."""
     from tqdm import tqdm
 
     target = loaded.model
     random.Random(args.seed).shuffle(seqs)
-    held = max(1, min(len(seqs) // 10, HELD_OUT))
-    test, seqs = seqs[:held], seqs[held:]
+    if held is None:
+        cut = max(1, min(len(seqs) // 10, HELD_OUT))
+        held, seqs = [(s, 0) for s in seqs[:cut]], seqs[cut:]
     ckpt = out / "checkpoint.pt"
     layers = default_aux_layers(target.cfg.num_layers)
     size = min(args.draft_vocab, target.cfg.vocab_size)
@@ -155,9 +198,14 @@ def train(
     step, tokens = (saved["step"], saved["tokens"]) if saved else (0, 0)
     t2d = torch.full((target.cfg.vocab_size,), -1, dtype=torch.long)
     t2d[head.d2t] = torch.arange(len(head.d2t))
-    last_save, losses = time.monotonic(), []
+    warmup = max(1, min(50, args.max_steps // 10)) if args.max_steps else 50
+    t0 = last_save = time.monotonic()
+    losses: list[float] = []
     with tqdm(desc="train-head", unit="seq", initial=step) as bar:
         while time.monotonic() < deadline and seqs and not _enough(step, args.max_steps):
+            done = _done(step, args.max_steps, t0, deadline)
+            for group in opt.param_groups:
+                group["lr"] = args.lr * lr_scale(step, done, warmup)
             rows = ht.target_rows(target, seqs[step % len(seqs)], layers)
             loss = ht.ttt_loss(head, t2d, ht.unrolled_logits(head, target.embed, rows, args.steps))
             opt.zero_grad()
@@ -171,15 +219,22 @@ def train(
             if time.monotonic() - last_save > 120:
                 state = {"step": step, "tokens": tokens, "d2t": head.d2t.clone()}
                 _checkpoint(ckpt, head, opt, state)
-                last_save, losses = time.monotonic(), []
+                last_save = time.monotonic()
     _checkpoint(ckpt, head, opt, {"step": step, "tokens": tokens, "d2t": head.d2t.clone()})
-    test_rows = [ht.target_rows(target, s, layers) for s in test]
+    test_rows = [ht.target_rows(target, s, layers, start) for s, start in held]
     report = {"steps": step, "tokens": tokens, **evaluate(head, target, test_rows, args.steps)}
     if len(losses) >= 20:  # this run's first and last ten steps
         report["loss_first"], report["loss_last"] = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
     save_eagle3(head, out)
     (out / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def _done(step: int, max_steps: int, t0: float, deadline: float) -> float:
+    """How much of this run's budget is spent, 0..1: steps when capped, else time."""
+    if max_steps > 0:
+        return step / max_steps
+    return (time.monotonic() - t0) / max(deadline - t0, 1e-9)
 
 
 def _enough(step: int, max_steps: int) -> bool:
@@ -191,20 +246,25 @@ def main(args: argparse.Namespace) -> None:
     t0 = time.monotonic()
     deadline = t0 + args.minutes * 60
     torch.manual_seed(args.seed)
-    # plain float weights: the head copies rows of the LM head (oneDNN-packed ones cannot)
-    loaded = load_model(args.model, "float32", progress=True, prepack=False)
+    # the weights a server loads by default: the labels are what the served model says
+    loaded = load_model(args.model, "float32", progress=True, weights="auto")
     out = Path(args.out) if args.out else default_out(args.model)
     out.mkdir(parents=True, exist_ok=True)
     kinds = {k.strip() for k in args.data.split(",") if k.strip()}
     if not kinds or kinds - {"answers", "stdlib"}:
         raise SpecserveError(f"--data: answers and/or stdlib, got {args.data!r}")
     seqs: list[list[int]] = []
+    held: list[tuple[list[int], int]] | None = None
     if "answers" in kinds:
-        seqs += pieces(answers(loaded, args.answers, args.answer_tokens), args.seq_len)
+        own = answers(loaded, args.answers, args.answer_tokens, args.seed)
+        cut = max(1, min(len(own) // 8, HELD_OUT // 2))
+        # whole answers are held out, scored from their reply's first draft on
+        held = [(p + r, max(0, len(p) - 2)) for p, r in own[:cut]]
+        seqs += pieces([p + r for p, r in own[cut:]], args.seq_len)
     if "stdlib" in kinds:
         seqs += stdlib_chunks(loaded, STDLIB_TOKENS, args.seq_len, args.seed)
     print(f"data: {len(seqs)} sequences in {time.monotonic() - t0:.0f}s")
-    report = train(loaded, seqs, out, args, deadline)
+    report = train(loaded, seqs, out, args, deadline, held)
     report["minutes"] = (time.monotonic() - t0) / 60
     print(json.dumps(report))
     print(f"head saved in {out}")

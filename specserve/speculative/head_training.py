@@ -57,9 +57,19 @@ def new_head(target: LanguageModel, draft_ids: torch.Tensor) -> Eagle3Head:
         head.attn.o.weight.mul_(0.1)
         head.mlp.down.weight.mul_(0.1)
         head.norm.weight.copy_(target.norm.weight.float())
-        head.lm_head.weight.copy_(target.lm_head.weight.float()[draft_ids])
+        head.lm_head.weight.copy_(lm_head_rows(target.lm_head, draft_ids, h))
         head.d2t.copy_(draft_ids)
     return head
+
+
+def lm_head_rows(lm_head: torch.nn.Module, ids: torch.Tensor, hidden: int) -> torch.Tensor:
+    """Rows `ids` of the LM head's weight as float32, whatever kernel holds it: a quantized
+    head has no float weight, so its rows are read back by applying it to the unit vectors."""
+    weight = getattr(lm_head, "weight", None)
+    if isinstance(weight, torch.Tensor):
+        return weight.float()[ids]
+    eye = torch.eye(hidden, dtype=torch.float32, device=ids.device)
+    return lm_head(eye).float().T[ids]
 
 
 @dataclass
@@ -70,12 +80,15 @@ class TargetRows:
     tokens: torch.Tensor
     aux: torch.Tensor
     labels: torch.Tensor
+    start: int = 0  # the first draft row scored (an answer's rows before its reply are not)
 
 
 @torch.no_grad()
-def target_rows(target: LanguageModel, tokens: list[int], layers: tuple[int, ...]) -> TargetRows:
+def target_rows(
+    target: LanguageModel, tokens: list[int], layers: tuple[int, ...], start: int = 0
+) -> TargetRows:
     """One plain forward of the target over the sequence, its layers tapped."""
-    device = target.lm_head.weight.device
+    device = target.norm.weight.device
     cache = target.new_cache(1, len(tokens))
     batch = FlatBatch.build([0], [0], [len(tokens)], device)
     ids = torch.tensor(tokens, device=device)
@@ -87,7 +100,7 @@ def target_rows(target: LanguageModel, tokens: list[int], layers: tuple[int, ...
     finally:
         target.taps = taps
     labels = target.logits(hidden).argmax(dim=-1)
-    return TargetRows(ids, aux, labels)
+    return TargetRows(ids, aux, labels, start)
 
 
 def _unrolled_attention(
