@@ -4,6 +4,7 @@
     specserve bench serve --out results/serve              # + results/serve.json, .png
     specserve bench serve --load --clients 8 --duration 300   # errors and RSS under load
     specserve bench serve --sessions 16 --turns 4          # the prompt store on vs off
+    specserve bench serve --sessions 16 --replicas 1 2     # Ray Serve: affinity vs default
 
 For each configuration a fresh `specserve serve` subprocess (so the speculators start
 empty) gets one unmeasured warm-up request, then `--clients` concurrent OpenAI streaming
@@ -141,6 +142,17 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="also run llama.cpp's llama-server (built by ../shared/tools/build-llama-cpp) on "
         "the same GGUF, with its --cache-ram on (the same MiB, else its 8192) and 0",
     )
+    sessions.add_argument(
+        "--replicas",
+        type=positive,
+        nargs="+",
+        default=None,
+        help="run the sessions on `serve --replicas N` clusters (Ray Serve), affinity "
+        "routing vs Ray's default for N > 1 (bench/replicas.py)",
+    )
+    sessions.add_argument(
+        "--share-outputs", action="store_true", help="with --replicas: the clusters share outputs"
+    )
     load = p.add_argument_group("load mode")
     load.add_argument("--load", action="store_true", help="errors and RSS under steady load")
     load.add_argument("--duration", type=float, default=300.0, help="seconds of load (300)")
@@ -163,6 +175,11 @@ def main(args: argparse.Namespace) -> None:
         from specserve.bench import serve_load
 
         serve_load.main(args)
+        return
+    if args.sessions and args.replicas:
+        from specserve.bench import replicas
+
+        replicas.main(args)
         return
     if args.sessions:
         from specserve.bench import sessions

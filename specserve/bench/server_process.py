@@ -31,7 +31,7 @@ import httpx2
 from specserve.errors import SpecserveError
 
 MODEL_ID = "bench"  # the --alias every benchmark server gets, so clients need not know paths
-_URL_LINE = re.compile(r"Uvicorn running on (http://\S+)")
+_URL_LINE = re.compile(r"(?:Uvicorn|Ray Serve) running on (http://[^\s:]+:\d+)")
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,9 @@ class ServerSpec:
     ctx_size: int = 0
     threads: int = 0  # OMP_NUM_THREADS for the server; 0 = torch's default
     cache_ram: float | None = None  # --cache-ram MiB (the prompt store); None: the default
+    replicas: int = 0  # > 0: `serve --replicas N` on Ray Serve, `threads` each (min 1)
+    router: str = "affinity"  # the cluster's --router
+    share_outputs: bool = False  # the cluster's --share-outputs
 
     def flags(self) -> list[str]:
         """The `specserve serve` flags for this server on a free 127.0.0.1 port."""
@@ -55,6 +58,10 @@ class ServerSpec:
         flags += ["-np", str(self.slots), "--spec-type", self.spec_type]
         flags += ["--host", "127.0.0.1", "--port", "0", "--ctx-size", str(self.ctx_size)]
         flags += ["--cache-ram", f"{self.cache_ram:g}"] if self.cache_ram is not None else []
+        if self.replicas:
+            flags += ["--replicas", str(self.replicas), "--router", self.router]
+            flags += ["--threads", str(self.threads or 1)]
+            flags += ["--share-outputs"] if self.share_outputs else []
         return flags + (["--device", self.device] if self.device else [])
 
     def argv(self) -> list[str]:

@@ -107,6 +107,7 @@ class Turn:
     ttft_s: float | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    completion_tokens: int = 0
     error: str | None = None
 
 
@@ -168,6 +169,7 @@ async def _session_turn(
                 t.prompt_tokens = chunk.usage.prompt_tokens
                 details = chunk.usage.prompt_tokens_details
                 t.cached_tokens = (details.cached_tokens or 0) if details else 0
+                t.completion_tokens = chunk.usage.completion_tokens
     except Exception as e:  # noqa: BLE001 - every failure is counted, none stops the run
         t.error = f"{type(e).__name__}: {e}"
     messages.append({"role": "assistant", "content": answer})

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -56,13 +57,18 @@ def build_application(args: argparse.Namespace) -> Any:
     from specserve.cluster.replica import Replica
     from specserve.cluster.router import AffinityRouter
 
-    router = RequestRouterConfig(
-        request_router_class=AffinityRouter,  # type: ignore[arg-type]
-        request_router_kwargs={
-            "threshold": args.affinity_threshold,
-            "min_match": args.affinity_min_match,
-        },
-    )
+    if args.router == "pow2":
+        from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
+
+        router = RequestRouterConfig(request_router_class=PowerOfTwoChoicesRequestRouter)  # type: ignore[arg-type]
+    else:
+        router = RequestRouterConfig(
+            request_router_class=AffinityRouter,  # type: ignore[arg-type]
+            request_router_kwargs={
+                "threshold": args.affinity_threshold,
+                "min_match": args.affinity_min_match,
+            },
+        )
     scaling = autoscaling(args)
     count: dict[str, Any] = (
         {"autoscaling_config": scaling} if scaling else {"num_replicas": args.replicas}
@@ -94,9 +100,16 @@ def start(args: argparse.Namespace) -> str:
     if not ray.is_initialized():
         extra: dict[str, Any] = {} if args.ray_address else {"include_dashboard": False}
         ray.init(address=args.ray_address, runtime_env=_runtime_env(), **extra)
-    serve.start(http_options={"host": args.host, "port": args.port})
+    port = args.port or _free_port(args.host)  # Ray's proxy needs a port number, not 0
+    serve.start(http_options={"host": args.host, "port": port})
     serve.run(build_application(args), name=APP_NAME, route_prefix="/")
-    return f"http://{args.host}:{args.port}"
+    return f"http://{args.host}:{port}"
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def stop() -> None:
@@ -121,7 +134,8 @@ def run_cluster(args: argparse.Namespace) -> None:
         signal.signal(sig, lambda *_: done.set())
     try:
         url = start(args)
-        log.info("serving %s on %s: %d replicas behind Ray Serve", args.model, url, args.replicas)
+        # the same "running on URL" a one-process server's uvicorn logs (benchmarks read it)
+        log.info("Ray Serve running on %s: %d replicas of %s", url, args.replicas, args.model)
         done.wait()
     finally:
         stop()

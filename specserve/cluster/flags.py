@@ -51,6 +51,20 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
         "(default 16)",
     )
 
+    c.add_argument(
+        "--router",
+        choices=["affinity", "pow2"],
+        default="affinity",
+        help="affinity (default): by prompt prefix, then load; pow2: Ray Serve's default "
+        "power of two choices, blind to prefixes (a baseline for benchmarks)",
+    )
+    c.add_argument(
+        "--share-outputs",
+        action="store_true",
+        help="replicas pass each other their finished outputs, so every suffix speculator's "
+        "global tree learns what all replicas generated, not just its own (off by default)",
+    )
+
 
 def wants_cluster(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "replicas", 0)) or getattr(args, "max_replicas", None) is not None
