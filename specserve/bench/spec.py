@@ -78,6 +78,9 @@ CONFIGS = (
 NONE = "none"
 # no speculator: only the tokens a grammar forces are drafted
 FORCED = "forced"
+# `shared:CHAIN`: CHAIN whose speculators first learn the reference's output, as a replica
+# told of another replica's answer to the same request (--share-outputs) would have
+SHARED = "shared:"
 COLUMNS = (
     Column("model", "model"),
     Column("workload", "workload"),
@@ -106,8 +109,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
         default=list(CONFIGS),
         metavar="CONFIG",
         help="configurations: a speculator type or a comma-separated chain, or `forced` (no "
-        "speculator: only the tokens a grammar forces are drafted); `none` (no speculation) "
-        "always runs first as the reference",
+        "speculator: only the tokens a grammar forces are drafted), or `shared:CHAIN` (CHAIN "
+        "told the reference's output first, as --share-outputs tells a replica what another "
+        "answered); `none` (no speculation) always runs first as the reference",
     )
     p.add_argument("--draft-model", default="qwen2.5-coder-0.5b", help="for `draft` configs")
     p.add_argument("--draft-max", type=int, default=16, help="most draft tokens per step")
@@ -209,8 +213,10 @@ class Session:
         max_tokens: int | None = None,
         prediction: list[int] | None = None,
         grammar: Grammar | None = None,
+        learned: list[int] | None = None,
     ) -> Run:
-        """Greedy generation with a fresh engine over the already loaded weights."""
+        """Greedy generation with a fresh engine over the already loaded weights; `learned`:
+        an output its speculators take in first, as one shared by another replica."""
         from specserve.engine.request import Request, SpecParams
         from specserve.engine.sampling import SamplingParams
         from specserve.engine.setup import EngineSettings, build_engine
@@ -218,7 +224,8 @@ class Session:
 
         a = self.args
         n = max_tokens or a.max_tokens
-        types = () if config in (NONE, FORCED) else tuple(config.split(","))
+        chain = config.removeprefix(SHARED)
+        types = () if chain in (NONE, FORCED) else tuple(chain.split(","))
         settings = EngineSettings(
             model=model,
             dtype=a.dtype,
@@ -229,6 +236,8 @@ class Session:
         )
         draft = self.load(a.draft_model) if "draft" in types else None
         engine, _ = build_engine(settings, target=self.load(model), draft=draft)
+        if learned and not (engine.speculator and engine.speculator.learn(learned)):
+            raise SpecserveError(f"{config}: none of its speculators learns shared outputs")
         params = SamplingParams(temperature=0.0, max_tokens=n)
         spec = SpecParams(n_max=a.draft_max if types or config == FORCED else 0)
         tok = self.tokenizer(model)
@@ -330,6 +339,7 @@ def main(args: argparse.Namespace) -> None:
                             prompt,
                             prediction=predicted,
                             grammar=GRAMMARS.get(workload),
+                            learned=ref.tokens if config.startswith(SHARED) else None,
                         )
                         if fresh
                         else ref

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
@@ -19,14 +20,29 @@ from prometheus_client.samples import Sample
 NAME = "specserve-board"
 NAMESPACE = "specserve"
 PERIOD_S = 1.0
+SHARED_KEPT = 4096  # outputs the board holds for replicas to fetch
 
 
 class Board:
-    """The actor's class (ray.remote'd by the deploy code): replica id -> its last post."""
+    """The actor's class (ray.remote'd by the deploy code): replica id -> its last post;
+    and, with --share-outputs, a log of the outputs replicas published (exchange.py)."""
 
-    def __init__(self, stale_s: float = 5 * PERIOD_S) -> None:
+    def __init__(self, stale_s: float = 5 * PERIOD_S, keep: int = SHARED_KEPT) -> None:
         self.stale_s = stale_s
         self.posts: dict[str, tuple[float, int, str]] = {}
+        self.keep = keep
+        self.shared: list[tuple[str, Any]] = []  # (publisher, output), the newest `keep`
+        self.first = 0  # the log index of shared[0]: older entries were dropped
+
+    def exchange(self, replica: str, outputs: list[Any], cursor: int) -> tuple[int, list[Any]]:
+        """Publish a replica's new outputs; return (its new cursor, the outputs the others
+        published since its cursor). A replica that lags past `keep` misses the oldest."""
+        self.shared += [(replica, o) for o in outputs]
+        drop = max(0, len(self.shared) - self.keep)
+        self.shared, self.first = self.shared[drop:], self.first + drop
+        start = max(cursor, self.first) - self.first
+        theirs = [o for who, o in self.shared[start:] if who != replica]
+        return self.first + len(self.shared), theirs
 
     def post(self, replica: str, health: int, metrics: str) -> None:
         self.posts[replica] = (time.monotonic(), health, metrics)

@@ -23,6 +23,7 @@ from specserve.errors import SpecserveError
 from specserve.server import metrics
 from specserve.server.app import build_app
 from specserve.server.cli_args import build_server
+from specserve.server.exchange import OutputExchange
 
 log = logging.getLogger("specserve.cluster")
 
@@ -40,6 +41,9 @@ class Replica:
         self.id = serve.get_replica_context().replica_id.unique_id
         self._wait_warm()
         self._board = board_actor()
+        if args.share_outputs:
+            self.loop.exchange = OutputExchange()
+        self._cursor = 0  # where this replica is in the board's log of shared outputs
         self._stop = threading.Event()
         threading.Thread(target=self._post, name="board", daemon=True).start()
 
@@ -57,8 +61,16 @@ class Replica:
             page = metrics.render(self.registry).decode()
             try:
                 self._board.post.remote(self.id, status, page)
+                if self.loop.exchange is not None:
+                    self._share(self.loop.exchange)
             except Exception as e:  # noqa: BLE001 - the board restarts; keep serving
                 log.warning("could not post to the board: %s", e)
+
+    def _share(self, exchange: OutputExchange) -> None:
+        """Send what this replica finished; queue what the others did for its engine."""
+        call = self._board.exchange.remote(self.id, exchange.take(), self._cursor)
+        self._cursor, theirs = ray.get(call, timeout=30)
+        exchange.give(theirs)
 
     async def handle(self, call: RouteCall) -> AsyncIterator[Start | bytes]:
         """One HTTP request on this replica's app: its start (status, headers), then body."""

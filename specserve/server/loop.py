@@ -31,6 +31,7 @@ from specserve.engine.request import Request
 from specserve.engine.threads import ComputeThread
 from specserve.errors import SpecserveError
 from specserve.server.events import EngineFailure, EngineStatus, Event, QueueFull, slot_states
+from specserve.server.exchange import OutputExchange
 from specserve.server.health import DEFAULT_STALL_TIMEOUT, Health, warm_up
 from specserve.server.metrics import Latency
 from specserve.trim import BUSY_TRIM_S, release_freed_memory
@@ -131,6 +132,7 @@ class EngineLoop:
         self._finished: Counter[str] = Counter({"stop": 0, "length": 0, "abort": 0, "error": 0})
         self.trims = 0  # times idle memory was handed back (trim.py)
         self.busy_trims = 0  # ... and trims while busy
+        self.exchange: OutputExchange | None = None  # set to share outputs (exchange.py)
 
     # -- event loop side -------------------------------------------------------------------
 
@@ -191,6 +193,8 @@ class EngineLoop:
         try:
             while not (self._stopping and not self.engine.has_work()):
                 self._read_inbox(block=not self.engine.has_work())
+                if self.exchange is not None:
+                    self.exchange.apply(self.engine.speculator)
                 self.health.beat(self.engine.has_work())
                 if self.engine.has_work():
                     self._step()
@@ -307,6 +311,8 @@ class EngineLoop:
             self._finished[req.finish_reason or "stop"] += 1
             handle = self._live.pop(req.id, None)
             timings = req.timings.as_dict()
+            if self.exchange is not None:
+                self.exchange.finished(req)
         else:
             handle = self._live.get(req.id)
             timings = None

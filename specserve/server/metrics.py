@@ -117,6 +117,19 @@ class EngineCollector(Collector):
         )
         yield from self._spec(status.spec or {})
         yield from self._store(status.store or {})
+        if (exchange := self.loop.exchange) is not None:  # --share-outputs (exchange.py)
+            yield self._one(
+                COUNTER,
+                "shared_outputs_sent_total",
+                "Outputs sent to other replicas.",
+                exchange.sent,
+            )
+            yield self._one(
+                COUNTER,
+                "shared_outputs_learned_total",
+                "Other replicas' outputs learned.",
+                exchange.learned,
+            )
         for family in self.loop.latency.families():
             yield _labelled(family, self.model)
 

@@ -60,6 +60,10 @@ class DraftRequest:
     cost: Sequence[float] | None = None
     # the tokens the client expects back (OpenAI's `prediction`; speculative/prediction.py)
     prediction: Sequence[int] = ()
+    # a sampled request's temperature and seed (0.0: greedy): a drafter with probabilities
+    # may then sample its draft and return them, for rejection sampling (verify.py)
+    temperature: float = 0.0
+    seed: int = 0
 
     def verify_cost(self, k: int) -> float:
         """cost[k]; the engine sends one entry per length up to the largest n_max asked."""
@@ -266,6 +270,11 @@ class Speculator:
 
     def restore_state(self, slot: int, state: object) -> None:
         """Put back what `save_state` gave, into any slot, before that slot's `begin`."""
+
+    def learn(self, output: Sequence[int], tenant: str | None = None) -> bool:
+        """Take in an output generated elsewhere (another replica) as if it had finished
+        here; False where this speculator keeps nothing across requests."""
+        return False
 
     # hooks -------------------------------------------------------------------------------
     def _begin(self, slot: int, prompt: Sequence[int]) -> None:

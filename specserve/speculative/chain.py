@@ -65,6 +65,10 @@ class ChainSpeculator(Speculator):
             if own is not None:
                 child.restore_state(slot, own)
 
+    def learn(self, output: Sequence[int], tenant: str | None = None) -> bool:
+        learned = [s.learn(output, tenant) for s in self.children]
+        return any(learned)
+
     def _reset(self, slot: int) -> None:
         self._chosen.pop(slot, None)
         for s in self.children:

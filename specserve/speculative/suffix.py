@@ -237,10 +237,13 @@ class SuffixSpeculator(Speculator):
         """Output tokens in the default tenant's global tree."""
         return self._global[None].tokens
 
-    def learn(self, output: Sequence[int], tenant: str | None = None) -> None:
+    def learn(self, output: Sequence[int], tenant: str | None = None) -> bool:
         """Add an output to the tenant's global tree (done at reset; public to warm the
-        tree up)."""
+        tree up, or to share what other replicas generated)."""
+        if self.max_global_tokens == 0:
+            return False
         self._global[tenant].learn(output)
+        return True
 
     def _begin(self, slot: int, prompt: Sequence[int]) -> None:
         self._finish(slot)  # a slot reused without reset() finished its previous sequence

@@ -41,3 +41,18 @@ def test_pages_merge_into_one_family_per_metric_labelled_by_replica() -> None:
     assert prompt.type == "counter"
     assert sum(s.value for s in prompt.samples if s.name.endswith("_total")) == 40
     assert merged.count(f"# TYPE {RUNNING} gauge") == 1
+
+
+def test_exchange_gives_each_replica_the_others_outputs() -> None:
+    board = Board(keep=3)
+    cursor_a, got = board.exchange("a", [[1], [2]], 0)
+    assert (cursor_a, got) == (2, [])
+    cursor_b, got = board.exchange("b", [[3]], 0)
+    assert (cursor_b, got) == (3, [[1], [2]])  # not its own
+    cursor_a, got = board.exchange("a", [[4], [5]], cursor_a)
+    assert (cursor_a, got) == (5, [[3]])
+    # b lags: the log kept the newest 3 ([3], [4], [5]), so it misses none of a's new ones
+    cursor_b, got = board.exchange("b", [], cursor_b)
+    assert (cursor_b, got) == (5, [[4], [5]])
+    _, got = board.exchange("c", [], 0)  # a newcomer gets what is still kept
+    assert got == [[3], [4], [5]]

@@ -47,6 +47,7 @@ def cluster(tiny_folder: Path) -> Iterator[str]:
     ]
     argv += ["--ctx-size", "512", "--threads", "1", "--port", str(_free_port())]
     argv += ["--replicas", "2", "--affinity-threshold", "1", "--affinity-min-match", "8"]
+    argv += ["--share-outputs"]
     args = build_parser().parse_args(argv)
     from specserve.ops.cpu import build
 
@@ -106,6 +107,24 @@ def test_answers_equal_one_server_and_a_second_turn_stays_on_its_replica(
     assert health.status_code == 200 and health.json()["replicas"] == 2
     page = httpx2.get(f"{cluster}/metrics", timeout=30).text
     assert page.count("specserve:num_requests_running{") == 2  # one sample per replica
+
+
+def _metric_sum(page: str, name: str) -> float:
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in page.splitlines() if ln.startswith(name))
+
+
+def test_replicas_learn_each_others_outputs(cluster: str) -> None:
+    """--share-outputs: an answer one replica gave reaches the other's speculators."""
+    chat(cluster, [{"role": "user", "content": "an answer worth sharing"}])
+    deadline = time.monotonic() + 30
+    while True:  # the replicas trade outputs through the board once a second
+        page = httpx2.get(f"{cluster}/metrics", timeout=30).text
+        sent = _metric_sum(page, "specserve:shared_outputs_sent_total{")
+        learned = _metric_sum(page, "specserve:shared_outputs_learned_total{")
+        if sent >= 1 and learned >= 1:
+            break
+        assert time.monotonic() < deadline, (sent, learned)
+        time.sleep(0.5)
 
 
 def test_bad_input_is_the_one_server_error(cluster: str) -> None:
