@@ -275,6 +275,8 @@ class Engine:
             p_min=req.spec.p_min,
             types=req.spec.types,
             prediction=req.prediction,
+            temperature=0.0 if req.params.greedy else req.params.temperature,
+            seed=req.seed,
         )
 
     def _after_prefill(

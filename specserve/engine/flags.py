@@ -115,6 +115,14 @@ def _add_spec_args(p: argparse.ArgumentParser, default_spec: str) -> None:
         help="EAGLE-3 head for `eagle3`: an HF folder, a .gguf or a name in "
         "$SPECSERVE_CACHE/heads (default: the model's own, <model>-eagle3, from train-head)",
     )
+    s.add_argument(
+        "--draft-probs",
+        action="store_true",
+        help="eagle3: a sampled request (temperature > 0) gets drafts sampled from the head "
+        "with their probabilities, verified by rejection sampling: more drafts kept, the same "
+        "output distribution, but a seed no longer gives the text it gives without "
+        "speculation (off: argmax drafts, seeded text the same on or off)",
+    )
     s.add_argument("--draft-max", type=int, default=d.n_max, help=f"most draft tokens ({d.n_max})")
     s.add_argument(
         "--draft-min", type=int, default=d.n_min, help=f"drop shorter drafts ({d.n_min})"
@@ -152,6 +160,7 @@ def settings_from_args(args: argparse.Namespace) -> EngineSettings:
         spec_types=tuple(parse_types(args.spec_type)),
         draft_model=args.draft_model,
         draft_head=getattr(args, "draft_head", None),
+        draft_probs=getattr(args, "draft_probs", False),
         weights=args.weights,
         deterministic=args.deterministic,
         prepack=args.prepack,

@@ -38,6 +38,7 @@ class EngineSettings:
     # an EAGLE-3 head (`eagle3`): a path or a name in $SPECSERVE_CACHE/heads; None: the
     # model's own, `<model>-eagle3` (loading/eagle3.py)
     draft_head: str | None = None
+    draft_probs: bool = False  # eagle3: sampled requests get sampled drafts with probabilities
     weights: str = "dequant"  # dequant | int8 | int6 | int5 | int4 | auto (models/layers/quant.py)
     deterministic: bool = False  # batch-invariant kernels (models/layers/invariant.py)
     prepack: bool = True  # float32 CPU linears on oneDNN's packed weights (layers/packed.py)
@@ -147,7 +148,9 @@ def _speculator(
     """runner: the target's (the mtp and eagle3 speculators draft from its hidden states)."""
     head = _eagle3_head(s, target, runner) if "eagle3" in s.spec_types else None
     if "draft" not in s.spec_types:
-        return build_speculator(s.spec_types, target=runner, eagle3_head=head)
+        return build_speculator(
+            s.spec_types, target=runner, eagle3_head=head, eagle3_sample=s.draft_probs
+        )
     if draft is None:
         if not s.draft_model:
             raise SpecserveError("--spec-type draft needs --draft-model")
@@ -158,7 +161,14 @@ def _speculator(
     draft_runner = ModelRunner(draft.model, mem.num_slots, mem.max_len, rollback="checkpoint")
     # decoding is memory-bound: a draft forward costs about its share of weight bytes
     cost = weight_bytes(draft.model) / weight_bytes(target.model)
-    return build_speculator(s.spec_types, draft_runner, cost, target=runner, eagle3_head=head)
+    return build_speculator(
+        s.spec_types,
+        draft_runner,
+        cost,
+        target=runner,
+        eagle3_head=head,
+        eagle3_sample=s.draft_probs,
+    )
 
 
 def _eagle3_head(s: EngineSettings, target: LoadedModel, runner: ModelRunner) -> Eagle3Head:

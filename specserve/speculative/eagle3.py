@@ -5,7 +5,9 @@ head's layers in the verify forward it runs anyway (`tap_layers`, no second targ
 every step first feeds the rows those exact states make possible, then drafts
 autoregressively from the head's own pre-norm state, all slots in one forward per draft
 position; its KV rows past the exact ones are dropped next step. Drafts are argmax tokens
-without probabilities, so verification keeps speculation on == off token for token.
+without probabilities, so verification keeps speculation on == off token for token; with
+`sample_drafts` (--draft-probs) a sampled request's drafts are drawn from the head's
+distribution and verified by rejection sampling (the same distribution, not the same text).
 """
 
 from __future__ import annotations
@@ -45,15 +47,19 @@ class Eagle3Speculator(HiddenStateDrafter):
     name = "eagle3"
 
     def __init__(
-        self, target: Eagle3Target, head: Eagle3Head, relative_cost: float | None = None
+        self,
+        target: Eagle3Target,
+        head: Eagle3Head,
+        relative_cost: float | None = None,
+        sample_drafts: bool = False,
     ) -> None:
         """relative_cost: one draft step in target steps; by default the share of weight
-        bytes it reads, decoding being memory-bound."""
+        bytes it reads, decoding being memory-bound. sample_drafts: see HiddenStateDrafter."""
         model, mem = target.model, target.memory
         cost = relative_cost
         if cost is None:
             cost = step_bytes(head) / max(1, step_bytes(model))
-        super().__init__(target, head.new_cache(mem.num_slots, mem.max_len), cost)
+        super().__init__(target, head.new_cache(mem.num_slots, mem.max_len), cost, sample_drafts)
         target.tap_layers(head.cfg.aux_layers)
         self.head, self.model = head, model
         self.embed = head.embed if head.embed is not None else model.embed

@@ -27,6 +27,7 @@ from specserve.cache.kv import KVCache
 from specserve.models.layers.embedding import Embedding
 from specserve.models.qwen3_next import MtpHead
 from specserve.speculative.base import Draft, DraftRequest, Speculator
+from specserve.speculative.verify import Stream, position_uniforms, sample_from_probs
 
 
 class HiddenSource(Protocol):
@@ -70,11 +71,22 @@ class HiddenStateDrafter(Speculator):
     rows past the last exact one are dropped each step (the module doc). Subclasses give
     `_forward`: one head step over every slot's rows."""
 
-    def __init__(self, target: HiddenSource, cache: KVCache, relative_cost: float) -> None:
+    def __init__(
+        self,
+        target: HiddenSource,
+        cache: KVCache,
+        relative_cost: float,
+        sample_drafts: bool = False,
+    ) -> None:
+        """sample_drafts: a sampled request's drafts are drawn from the head's distribution
+        and sent with it (rejection sampling keeps more of them at temperature > 0, and the
+        output keeps its distribution, but a seed no longer gives the text it gives without
+        speculation); off: argmax drafts, seeded output the same on or off."""
         super().__init__()
         self.target = target
         self.cache = cache
         self.relative_cost = relative_cost
+        self.sample_drafts = sample_drafts
         self._exact: dict[int, int] = {}  # slot -> head rows built from target hidden states
         self._hidden: dict[int, tuple[int, torch.Tensor]] = {}  # target states not yet fed
 
@@ -120,7 +132,8 @@ class HiddenStateDrafter(Speculator):
     @torch.inference_mode()
     def _draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         drafts = {r.slot: Draft() for r in requests}
-        limits = {r.slot: (r.n_max, r.p_min) for r in requests}
+        asks = {r.slot: r for r in requests}
+        probs: dict[int, list[torch.Tensor]] = {r.slot: [] for r in requests}
         asked = [r for r in requests if r.n_max > 0]
         rows = [self._catch_up(r) for r in asked]
         slots = [r.slot for r in asked]
@@ -129,17 +142,34 @@ class HiddenStateDrafter(Speculator):
         while slots:
             nxt: tuple[list[int], list[list[int]], list[torch.Tensor]] = ([], [], [])
             for slot, (logits, h) in zip(slots, self._forward(slots, tokens, hidden), strict=True):
-                p, tok = torch.softmax(logits.float(), dim=-1).max(dim=-1)
-                n_max, p_min = limits[slot]
-                if float(p) < p_min:
-                    continue
-                drafts[slot].tokens.append(int(tok))
-                if len(drafts[slot]) < n_max:
+                req, draft = asks[slot], drafts[slot]
+                tok, q = self._pick(req, logits, len(draft))
+                if q is None:
+                    if float(torch.softmax(logits.float(), dim=-1)[tok]) < req.p_min:
+                        continue
+                else:
+                    probs[slot].append(q)
+                draft.tokens.append(tok)
+                if len(draft) < req.n_max:
                     nxt[0].append(slot)
-                    nxt[1].append([int(tok)])
+                    nxt[1].append([tok])
                     nxt[2].append(h[None])
             slots, tokens, hidden = nxt
+        for slot, qs in probs.items():
+            if qs:
+                drafts[slot].probs = torch.stack(qs)
         return [drafts[r.slot] for r in requests]
+
+    def _pick(
+        self, req: DraftRequest, logits: torch.Tensor, j: int
+    ) -> tuple[int, torch.Tensor | None]:
+        """Draft token j: the argmax, or with sample_drafts and a sampled request, a draw
+        from q = softmax(logits / temperature) with the request's seeded draft stream, and q."""
+        if not (self.sample_drafts and req.temperature > 0):
+            return int(logits.argmax()), None
+        q = torch.softmax(logits.double() / req.temperature, dim=-1)
+        u = position_uniforms([req.seed], [len(req.tokens) + j], Stream.DRAFT, q.device)
+        return int(sample_from_probs(q[None], u)[0]), q
 
 
 class MtpSpeculator(HiddenStateDrafter):

@@ -57,6 +57,7 @@ def build_speculator(
     target: MtpTarget | Eagle3Target | None = None,
     eagle3_head: Eagle3Head | None = None,
     eagle3_cost: float | None = None,
+    eagle3_sample: bool = False,
 ) -> Speculator | None:
     """One speculator for the given types; None for none. `draft` needs draft_runner,
     `mtp` the target's runner (whose model must have MTP layers), `eagle3` the target's
@@ -81,7 +82,8 @@ def build_speculator(
         elif name == "eagle3":
             if target is None or eagle3_head is None:
                 raise SpecserveError("--spec-type eagle3 needs --draft-model: an EAGLE-3 head")
-            made.append(Eagle3Speculator(target, eagle3_head, eagle3_cost))  # type: ignore[arg-type]
+            head, cost = eagle3_head, eagle3_cost
+            made.append(Eagle3Speculator(target, head, cost, eagle3_sample))  # type: ignore[arg-type]
         else:
             made.append(_simple(name))
     if not made:

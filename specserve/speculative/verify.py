@@ -55,6 +55,7 @@ class Stream(IntEnum):
     ACCEPT = 1  # the coin that accepts a draft token that came with draft probabilities
     RECOVER = 2  # the sample from norm(max(p - q, 0)) after such a token is rejected
     RETRY = 3  # constrained decoding's draw from the allowed tokens, after a disallowed one
+    DRAFT = 4  # a drafter's own sample from its distribution q (speculative/mtp.py)
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
