@@ -99,6 +99,13 @@ def call_schema(tool: dict[str, Any], defs: dict[str, dict[str, Any]]) -> dict[s
     }
 
 
+# free text under "auto" opens with neither `{` nor ```json, each of which begins a call
+# that must then follow the schemas (one reading of a reply, not two); the fence's own
+# beginnings stay possible as whole replies
+_NOT_A_CALL = "([^{`]|`[^`]|``[^`]|```[^j]|```j[^s]|```js[^o]|```jso[^n])"
+_FENCE_PREFIXES = "`|``|```|```j|```js|```jso"
+
+
 def tool_calls(
     tools: list[dict[str, Any]],
     mode: Literal["required", "auto"],
@@ -107,9 +114,9 @@ def tool_calls(
 ) -> Grammar:
     """Calls of `tools`: with "required", the reply is one call (several with `parallel`)
     in the template's tags; with "auto", free text, where a tagged call once begun is held
-    to the tools' schemas, or a reply that opens with `{` is one bare call, as Qwen-Coder
-    answers (free text may not open with `{`: two readings of one brace would leave the
-    call unconstrained). tags_are_tokens: the vocabulary spells the tags as special tokens
+    to the tools' schemas, or a reply that opens with `{` or ```json is one bare call, as
+    Qwen-Coder answers (free text may not open so: two readings of one brace would leave
+    the call unconstrained). tags_are_tokens: the vocabulary spells the tags as special tokens
     (Qwen's), which free text never produces."""
     defs: dict[str, dict[str, Any]] = {key: {} for key in _DEFS}
     calls_schema = {"anyOf": [call_schema(t, defs) for t in tools], "x-guidance": JSON_LAYOUT}
@@ -127,11 +134,14 @@ def tool_calls(
         rules = ["start: calls", calls, tagged]
     else:
         rules = [
-            "start: bare | text",
+            "start: bare | fenced | text",
             f"bare: %json {one_of}",
+            # Qwen-Coder's other bare layout: the call in a ```json fence, the whole reply
+            f'fenced: "```json" SPACE? %json {one_of} SPACE? "```"',
             "text: TEXT | TEXT? calls",
             calls,
             tagged,
-            "TEXT: /[^{](.|\\n)*/",
+            "SPACE: /[ \\t\\n]+/",
+            f"TEXT: /{_NOT_A_CALL}(.|\\n)*|{_FENCE_PREFIXES}/",
         ]
     return Grammar("grammar", "\n".join(["%llguidance {}", *rules]), field="tools")
