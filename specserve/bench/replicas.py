@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from specserve.bench.report import Column, format_table, out_paths, write_json
+from specserve.bench.report import Column, format_table, median_of, out_paths, write_json
 from specserve.bench.server_process import ServerProcess, server_spec
 from specserve.bench.sessions import SessionRow, Shape, run_sessions, summarise
 from specserve.bench.workload import warm_up
@@ -119,8 +119,7 @@ def ratios(table: list[ReplicaRow]) -> None:
 
 
 def _median(rows: list[ReplicaRow]) -> ReplicaRow:
-    ranked = sorted(rows, key=lambda r: r.sessions.ttft_later_s or 0.0)
-    return ranked[(len(ranked) - 1) // 2]
+    return median_of(rows, lambda r: r.sessions.ttft_later_s or 0.0)
 
 
 def verdict(table: list[ReplicaRow]) -> str:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -40,3 +42,10 @@ def out_paths(out: Path) -> tuple[Path, Path]:
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def median_of(rows: Sequence[R], key: Callable[[R], float]) -> R:
+    """The run with the median `key` (the lower middle one of an even count): a run that
+    happened, not an average of several."""
+    ranked = sorted(rows, key=key)
+    return ranked[(len(ranked) - 1) // 2]

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from specserve.bench.args import positive
-from specserve.bench.report import Column, format_table, out_paths, write_json
+from specserve.bench.report import Column, format_table, median_of, out_paths, write_json
 from specserve.bench.server_process import ServerSpec, launch, server_spec
 from specserve.bench.workload import RunResult, Workload, run_workload, warm_up
 from specserve.models.layers.quant import WEIGHT_MODES
@@ -240,7 +240,7 @@ def medians(runs: list[Row]) -> list[Row]:
     rows = []
     for same in groups.values():
         ranked = sorted(same, key=lambda r: r.tok_s)
-        mid = replace(ranked[(len(ranked) - 1) // 2], runs=len(same))
+        mid = replace(median_of(same, lambda r: r.tok_s), runs=len(same))
         mid.errors = sum(r.errors for r in same)
         mid.first_error = next((r.first_error for r in same if r.first_error), None)
         if len(same) > 1:

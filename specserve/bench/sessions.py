@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specserve.bench.report import Column, format_table, out_paths, write_json
+from specserve.bench.report import Column, format_table, median_of, out_paths, write_json
 from specserve.bench.server_process import MODEL_ID, launch, read_rss_mib, server_spec
 from specserve.bench.workload import _api, warm_up
 from specserve.errors import SpecserveError
@@ -336,8 +336,7 @@ def _peer_gguf(args: argparse.Namespace) -> Path:
 
 
 def _median(rows: list[SessionRow]) -> SessionRow:
-    ranked = sorted(rows, key=lambda r: r.ttft_later_s or 0.0)
-    return ranked[(len(ranked) - 1) // 2]
+    return median_of(rows, lambda r: r.ttft_later_s or 0.0)
 
 
 def verdict(table: list[SessionRow]) -> str:
