@@ -12,6 +12,7 @@ import torch
 from specserve.engine.request import SpecParams
 from specserve.engine.rollback import STRATEGIES
 from specserve.engine.setup import EngineSettings
+from specserve.loading.eagle3 import has_own_head
 from specserve.models.layers.quant import WEIGHT_MODES
 from specserve.speculative.registry import SPEC_TYPES, parse_types
 
@@ -98,11 +99,13 @@ def _add_spec_args(p: argparse.ArgumentParser, default_spec: str) -> None:
     s = p.add_argument_group("speculative decoding (greedy output is the same on or off)")
     s.add_argument(
         "--spec-type",
-        default=default_spec,
+        default=None,
         help=f"comma-separated types or 'none': {', '.join(SPEC_TYPES)}; several make a "
         f"chain that picks the most promising draft per slot and step; `prediction` drafts "
-        f"only from a server request's OpenAI `prediction` (default {default_spec})",
+        f"only from a server request's OpenAI `prediction` (default {default_spec}, and "
+        f"eagle3 when the model has its own head in $SPECSERVE_CACHE/heads: train-head)",
     )
+    p.set_defaults(spec_default=default_spec)
     s.add_argument(
         "--draft-model",
         "-md",
@@ -149,6 +152,18 @@ def _add_spec_args(p: argparse.ArgumentParser, default_spec: str) -> None:
     )
 
 
+def spec_types_from_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """--spec-type as given; by default the default chain, which takes in the model's own
+    EAGLE-3 head once `train-head` has made one (its value model asks it where it pays)."""
+    if args.spec_type is not None:
+        return tuple(parse_types(args.spec_type))
+    names = parse_types(args.spec_default)
+    hidden = {"eagle3", "mtp"} & set(names)
+    if names and not hidden and has_own_head(args.model):
+        names.append("eagle3")
+    return tuple(names)
+
+
 def settings_from_args(args: argparse.Namespace) -> EngineSettings:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     return EngineSettings(
@@ -157,7 +172,7 @@ def settings_from_args(args: argparse.Namespace) -> EngineSettings:
         device=device,
         num_slots=getattr(args, "parallel", 1),
         ctx_size=args.ctx_size,
-        spec_types=tuple(parse_types(args.spec_type)),
+        spec_types=spec_types_from_args(args),
         draft_model=args.draft_model,
         draft_head=getattr(args, "draft_head", None),
         draft_probs=getattr(args, "draft_probs", False),

@@ -7,7 +7,6 @@ the same everywhere.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -17,7 +16,7 @@ from specserve.engine.rollback import STRATEGIES
 from specserve.engine.runner import DEFAULT_SNAPSHOT_DEPTH, ModelRunner
 from specserve.engine.threads import ThreadTuner
 from specserve.errors import SpecserveError
-from specserve.loading.eagle3 import load_eagle3
+from specserve.loading.eagle3 import load_eagle3, own_head_name
 from specserve.loading.model import LoadedModel, load_model
 from specserve.models.eagle3 import Eagle3Head
 from specserve.models.layers.invariant import make_batch_invariant
@@ -173,5 +172,5 @@ def _speculator(
 
 def _eagle3_head(s: EngineSettings, target: LoadedModel, runner: ModelRunner) -> Eagle3Head:
     """The head --draft-head (or --draft-model, alone) names, else the model's own."""
-    name = s.draft_head or f"{Path(s.model).stem}-eagle3"
+    name = s.draft_head or own_head_name(s.model)
     return load_eagle3(name, target.cfg, runner.dtype, runner.device)

@@ -76,6 +76,15 @@ def hf_name_to_ours(name: str) -> str | None:
     return f"{_HF_TOP[stem]}.{kind}" if stem in _HF_TOP else None
 
 
+def own_head_name(model: str | os.PathLike[str]) -> str:
+    """The name `train-head` gives a model's head in the cache: <model>-eagle3."""
+    return f"{Path(model).stem}-eagle3"
+
+
+def has_own_head(model: str | os.PathLike[str]) -> bool:
+    return (cache_dir() / "heads" / own_head_name(model)).is_dir()
+
+
 def resolve_head(spec: str | os.PathLike[str]) -> Path:
     """A head's path: as given, or its name under $SPECSERVE_CACHE/heads/."""
     given = Path(spec)

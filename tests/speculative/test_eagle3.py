@@ -155,3 +155,22 @@ def test_engine_settings_load_the_head_named_by_draft_model(tmp_path: Path, monk
     save_eagle3(random_head(target.cfg), tmp_path / "cache" / "heads" / "tiny-eagle3")
     engine, _ = build_engine(s, target=target, progress=False)
     assert engine.speculator is not None and engine.speculator.name == "eagle3"
+
+
+def test_the_default_chain_takes_in_the_models_own_head(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """`serve` without --spec-type: the default chain, plus eagle3 once train-head has made
+    the model's head; an explicit --spec-type is kept as given."""
+    from specserve.cli import build_parser
+    from specserve.engine.flags import spec_types_from_args
+    from specserve.server.cli_args import DEFAULT_SPEC
+
+    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path))
+    args = build_parser().parse_args(["serve", "--model", "some/tiny.gguf"])
+    default = tuple(DEFAULT_SPEC.split(","))
+    assert spec_types_from_args(args) == default
+    (tmp_path / "heads" / "tiny-eagle3").mkdir(parents=True)
+    assert spec_types_from_args(args) == (*default, "eagle3")
+    explicit = build_parser().parse_args(["serve", "-m", "some/tiny.gguf", "--spec-type", "suffix"])
+    assert spec_types_from_args(explicit) == ("suffix",)
+    generate = build_parser().parse_args(["generate", "-m", "some/tiny.gguf", "--prompt", "x"])
+    assert spec_types_from_args(generate) == ()  # its default is no speculation
