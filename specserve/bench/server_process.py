@@ -65,6 +65,8 @@ class ServerSpec:
         return flags + (["--device", self.device] if self.device else [])
 
     def argv(self) -> list[str]:
+        if self.replicas:  # the cluster is `specserve serve`'s, not the one-server module's
+            return [sys.executable, "-m", "specserve.cli", "serve", *self.flags()]
         return [sys.executable, "-m", "specserve.server.cli_args", *self.flags()]
 
 

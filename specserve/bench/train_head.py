@@ -25,7 +25,7 @@ from specserve.engine.request import Request
 from specserve.engine.runner import ModelRunner
 from specserve.engine.sampling import SamplingParams
 from specserve.errors import SpecserveError
-from specserve.loading.eagle3 import save_eagle3
+from specserve.loading.eagle3 import own_head_name, save_eagle3
 from specserve.loading.model import LoadedModel, load_model
 from specserve.loading.sources import cache_dir
 from specserve.models.eagle3 import default_aux_layers
@@ -72,7 +72,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def default_out(model: str) -> Path:
-    return cache_dir() / "heads" / f"{Path(model).stem}-eagle3"
+    return cache_dir() / "heads" / own_head_name(model)
 
 
 def asks(n: int, seed: int) -> list[str]:

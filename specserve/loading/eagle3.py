@@ -77,8 +77,11 @@ def hf_name_to_ours(name: str) -> str | None:
 
 
 def own_head_name(model: str | os.PathLike[str]) -> str:
-    """The name `train-head` gives a model's head in the cache: <model>-eagle3."""
-    return f"{Path(model).stem}-eagle3"
+    """The name `train-head` gives a model's head in the cache: <model>-eagle3, <model>
+    being a model's name (dots kept: qwen2.5-coder-0.5b), a GGUF file's stem or a folder's
+    name."""
+    path = Path(model)
+    return f"{path.stem if path.suffix == '.gguf' else path.name}-eagle3"
 
 
 def has_own_head(model: str | os.PathLike[str]) -> bool:

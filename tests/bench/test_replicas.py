@@ -33,6 +33,7 @@ def test_cluster_servers_get_their_flags_and_url_line() -> None:
     assert flags[flags.index("--router") + 1] == "pow2"
     assert flags[flags.index("--threads") + 1] == "1"  # one thread a replica by default
     assert "--share-outputs" in flags
+    assert ServerSpec(replicas=2).argv()[1:4] == ["-m", "specserve.cli", "serve"]
     assert "--replicas" not in ServerSpec().flags()
     line = "Ray Serve running on http://127.0.0.1:8123: 2 replicas of m"
     m = _URL_LINE.search(line)

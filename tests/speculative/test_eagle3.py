@@ -174,3 +174,13 @@ def test_the_default_chain_takes_in_the_models_own_head(tmp_path: Path, monkeypa
     assert spec_types_from_args(explicit) == ("suffix",)
     generate = build_parser().parse_args(["generate", "-m", "some/tiny.gguf", "--prompt", "x"])
     assert spec_types_from_args(generate) == ()  # its default is no speculation
+
+
+def test_a_models_own_head_keeps_the_dots_of_its_name() -> None:
+    from specserve.loading.eagle3 import own_head_name
+
+    assert own_head_name("qwen2.5-coder-0.5b") == "qwen2.5-coder-0.5b-eagle3"
+    assert (
+        own_head_name("/m/qwen2.5-coder-0.5b-instruct.gguf") == "qwen2.5-coder-0.5b-instruct-eagle3"
+    )
+    assert own_head_name("/m/Qwen2.5-0.5B") == "Qwen2.5-0.5B-eagle3"
