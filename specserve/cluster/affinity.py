@@ -5,9 +5,11 @@ The router keeps, per replica, an approximate prefix tree of the prompts it sent
 characters, so a match is a match of what a replica's prompt cache holds):
 
     affine  = the replica whose tree holds the longest prefix of this prompt
-    go to affine       when its match is >= min_match tokens and its queue is at most
-                       `threshold` requests longer than the least loaded replica's
-    go to least loaded when affine is over that threshold
+    least   = the least loaded replica (of equals, the one holding more of the prompt)
+    go to affine       when it holds >= min_match tokens more than least does and its
+                       queue is at most `threshold` requests longer than least's
+    go to least        when affine is over that threshold, or holds little more than least
+                       (a system prompt every replica has seen is no reason to queue)
     power of two       when no replica holds enough of the prompt (None: the caller's)
 
 "Approximate": the tree records what was routed, not what a replica still caches (its
@@ -111,23 +113,20 @@ class PrefixRouter(Generic[K]):
         """The replica died or was removed: what it cached is gone."""
         self.trees.pop(replica, None)
 
-    def best_match(self, tokens: Sequence[int], candidates: Sequence[K]) -> tuple[K | None, int]:
-        """(replica, matched tokens) with the longest match among candidates (None, 0)."""
-        best: tuple[K | None, int] = (None, 0)
-        for r in candidates:
-            tree = self.trees.get(r)
-            n = tree.match(tokens) if tree is not None else 0
-            if n > best[1]:
-                best = (r, n)
-        return best
+    def matches(self, tokens: Sequence[int], candidates: Sequence[K]) -> dict[K, int]:
+        """Per candidate, how many leading tokens of the prompt its tree holds."""
+        trees = self.trees
+        return {r: trees[r].match(tokens) if r in trees else 0 for r in candidates}
 
     def choose(self, tokens: Sequence[int], queues: Mapping[K, int]) -> Choice[K] | None:
         """The replica for a prompt given each candidate's queue length (ongoing requests);
         None when no candidate holds min_match tokens of it (power of two choices then)."""
-        affine, matched = self.best_match(tokens, list(queues))
-        if affine is None or matched < self.min_match:
+        held = self.matches(tokens, list(queues))
+        affine = max(queues, key=lambda r: (held[r], -queues[r]))
+        if held[affine] < self.min_match:
             return None
-        least = min(queues, key=lambda r: queues[r])
-        if queues[affine] - queues[least] > self.threshold:
-            return Choice(least, "least-loaded", matched)
-        return Choice(affine, "affinity", matched)
+        least = min(queues, key=lambda r: (queues[r], -held[r]))
+        overloaded = queues[affine] - queues[least] > self.threshold
+        if overloaded or held[affine] - held[least] < self.min_match:
+            return Choice(least, "least-loaded", held[least])
+        return Choice(affine, "affinity", held[affine])

@@ -52,3 +52,19 @@ def test_short_or_missing_matches_leave_the_choice_to_power_of_two() -> None:
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError):
         PrefixRouter(threshold=-1)
+
+
+def test_a_prefix_every_replica_holds_is_no_reason_to_queue() -> None:
+    """Both hold the shared system prompt; a new conversation goes to the least loaded,
+    and its follow-up turn to where it went, within the load bound."""
+    router: PrefixRouter[str] = PrefixRouter(threshold=2, min_match=8)
+    system = list(range(1000, 1100))
+    router.routed("a", system + [1, 2, 3])
+    router.routed("b", system + [4, 5, 6])
+    first = router.choose(system + [7, 8], {"a": 2, "b": 1})
+    assert first is not None and (first.replica, first.reason) == ("b", "least-loaded")
+    router.routed("b", system + [7, 8, 9, 10, 11, 12, 13, 14, 15])
+    again = router.choose(system + [7, 8, 9, 10, 11, 12, 13, 14, 15, 16], {"a": 0, "b": 2})
+    assert again is not None and (again.replica, again.reason) == ("b", "affinity")
+    tie = router.choose(system + [99], {"a": 1, "b": 1})  # equal loads: either, not None
+    assert tie is not None and tie.reason == "least-loaded"
