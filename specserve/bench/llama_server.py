@@ -7,7 +7,6 @@ Built by ../shared/tools/build-llama-cpp (see DEVELOPERS.md); never downloaded h
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ import httpx2
 
 from specserve.bench.server_process import Subprocess, read_rss_mib
 from specserve.errors import SpecserveError
+from specserve.server.transport import free_port
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class LlamaServer(Subprocess):
 
     def start(self) -> None:
         """Start llama-server and return once /health answers ok."""
-        port = _free_port()
+        port = free_port()
         with self.log_path.open("wb") as log:
             self._proc = subprocess.Popen(
                 self.spec.argv(port), stdout=log, stderr=subprocess.STDOUT
@@ -78,9 +78,3 @@ class LlamaServer(Subprocess):
                 pass
             time.sleep(0.2)
         raise SpecserveError(f"llama-server did not start in {self.startup_timeout:.0f}s")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

@@ -21,7 +21,14 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from specserve.bench.report import Column, format_table, median_of, out_paths, write_json
+from specserve.bench.report import (
+    Column,
+    format_table,
+    interleaved,
+    median_of,
+    out_paths,
+    write_json,
+)
 from specserve.bench.server_process import ServerProcess, server_spec
 from specserve.bench.sessions import SessionRow, Shape, run_sessions, summarise
 from specserve.bench.workload import warm_up
@@ -66,13 +73,13 @@ def main(args: argparse.Namespace) -> None:
     runs = settings(args.replicas)
     clients = args.clients or slots * max(args.replicas)
     shape = Shape(args.sessions, args.turns, clients, args.max_tokens, args.turn_words)
-    order = [s for r in range(args.repeats) for s in (runs if r % 2 == 0 else runs[::-1])]
+    order = interleaved(runs, args.repeats)
     rows: dict[str, list[ReplicaRow]] = {}
     with tempfile.TemporaryDirectory(prefix="specserve-replicas-") as tmp:
         log_dir = args.log_dir or Path(tmp)
         log_dir.mkdir(parents=True, exist_ok=True)
+        base = server_spec(args, slots, args.spec[0])
         for i, (name, n, router) in enumerate(order):
-            base = server_spec(args, slots, args.spec[0])
             spec = replace(
                 base, replicas=n, router=router, share_outputs=args.share_outputs,
                 cache_ram=args.cache_ram,

@@ -49,3 +49,9 @@ def median_of(rows: Sequence[R], key: Callable[[R], float]) -> R:
     happened, not an average of several."""
     ranked = sorted(rows, key=key)
     return ranked[(len(ranked) - 1) // 2]
+
+
+def interleaved(configs: Sequence[R], repeats: int) -> list[R]:
+    """Every configuration once per round, odd rounds reversed: a slow spell of the machine
+    lands on the configurations at both ends of the order alike, not on one of them."""
+    return [c for r in range(repeats) for c in (configs if r % 2 == 0 else configs[::-1])]

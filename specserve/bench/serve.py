@@ -31,7 +31,14 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from specserve.bench.args import positive
-from specserve.bench.report import Column, format_table, median_of, out_paths, write_json
+from specserve.bench.report import (
+    Column,
+    format_table,
+    interleaved,
+    median_of,
+    out_paths,
+    write_json,
+)
 from specserve.bench.server_process import ServerSpec, launch, server_spec
 from specserve.bench.workload import RunResult, Workload, run_workload, warm_up
 from specserve.models.layers.quant import WEIGHT_MODES
@@ -205,10 +212,8 @@ def main(args: argparse.Namespace) -> None:
 
 
 def run_order(specs: list[str], slots: list[int], repeats: int) -> list[tuple[str, int]]:
-    """Every (spec, slots) once per round, odd rounds reversed: a slow spell of the machine
-    lands on the configurations at both ends of the order alike, not on one of them."""
-    once = [(spec, n) for spec in specs for n in sorted(slots)]
-    return [c for r in range(repeats) for c in (once if r % 2 == 0 else once[::-1])]
+    """Every (spec, slots) once per round, in interleaved rounds (report.interleaved)."""
+    return interleaved([(spec, n) for spec in specs for n in sorted(slots)], repeats)
 
 
 def run_matrix(args: argparse.Namespace, work: Workload, log_dir: Path) -> list[Row]:

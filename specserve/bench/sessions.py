@@ -35,7 +35,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specserve.bench.report import Column, format_table, median_of, out_paths, write_json
+from specserve.bench.report import (
+    Column,
+    format_table,
+    interleaved,
+    median_of,
+    out_paths,
+    write_json,
+)
 from specserve.bench.server_process import MODEL_ID, launch, read_rss_mib, server_spec
 from specserve.bench.workload import _api, warm_up
 from specserve.errors import SpecserveError
@@ -260,7 +267,7 @@ def main(args: argparse.Namespace) -> None:
     if args.llama_server is not None:
         _peer_gguf(args)  # a bad --llama-server or model fails now, not after our rows
         settings += [(f"{PEER} on", args.cache_ram), (f"{PEER} off", 0.0)]
-    order = [s for r in range(args.repeats) for s in (settings if r % 2 == 0 else settings[::-1])]
+    order = interleaved(settings, args.repeats)
     rows: dict[str, list[SessionRow]] = {}
     with tempfile.TemporaryDirectory(prefix="specserve-sessions-") as tmp:
         log_dir = args.log_dir or Path(tmp)

@@ -11,13 +11,13 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import threading
 from pathlib import Path
 from typing import Any
 
 from specserve.cluster.flags import SETUP_HINT, autoscaling
 from specserve.errors import SpecserveError
+from specserve.server.transport import free_port
 
 log = logging.getLogger("specserve.cluster")
 APP_NAME = "specserve"
@@ -100,16 +100,10 @@ def start(args: argparse.Namespace) -> str:
     if not ray.is_initialized():
         extra: dict[str, Any] = {} if args.ray_address else {"include_dashboard": False}
         ray.init(address=args.ray_address, runtime_env=_runtime_env(), **extra)
-    port = args.port or _free_port(args.host)  # Ray's proxy needs a port number, not 0
+    port = args.port or free_port(args.host)  # Ray's proxy needs a port number, not 0
     serve.start(http_options={"host": args.host, "port": port})
     serve.run(build_application(args), name=APP_NAME, route_prefix="/")
     return f"http://{args.host}:{port}"
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def stop() -> None:

@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import logging
 import secrets
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -274,3 +275,11 @@ def uvicorn_config(app: ASGIApp, limits: TransportLimits, **kw: Any) -> uvicorn.
         "timeout_graceful_shutdown": limits.drain_timeout,
     }
     return uvicorn.Config(app, **(settings | kw))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port no one listens on now, for a server that needs a number rather than 0 (Ray
+    Serve's proxy, llama-server); another process may still take it before ours binds."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])

@@ -5,7 +5,6 @@ Slow: Ray takes a while to start; the first test is also `smoke` (CI's short sub
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -16,17 +15,12 @@ import httpx2
 import pytest
 
 from specserve.loading.model import LoadedModel
+from specserve.server.transport import free_port
 from tests.server.conftest import LiveServer, start_server
 
 ray = pytest.importorskip("ray", reason="the cluster extra (make setup-cluster)")
 pytestmark = pytest.mark.slow
 REPLICA = "x-specserve-replica"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +39,7 @@ def cluster(tiny_folder: Path) -> Iterator[str]:
         "-np",
         "2",
     ]
-    argv += ["--ctx-size", "512", "--threads", "1", "--port", str(_free_port())]
+    argv += ["--ctx-size", "512", "--threads", "1", "--port", str(free_port())]
     argv += ["--replicas", "2", "--affinity-threshold", "1", "--affinity-min-match", "8"]
     argv += ["--share-outputs"]
     args = build_parser().parse_args(argv)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
+from specserve.server.transport import free_port
 from tests.cluster.test_ray_serve import REPLICA, chat
 from tests.server.conftest import LiveServer, start_server
 
@@ -30,15 +30,12 @@ pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _ray(*argv: str, env: dict[str, str]) -> str:
+    # a home of its own: `ray start` sends ~/.ray/auth_token when one exists (another Ray
+    # run may have left it), and a head started without token auth then refuses the node
+    home = {"HOME": str(Path(env["RAY_TMPDIR"]) / "home")}
     out = subprocess.run(
-        [str(BIN / "ray"), *argv], env=env, capture_output=True, text=True, timeout=180
+        [str(BIN / "ray"), *argv], env=env | home, capture_output=True, text=True, timeout=180
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     return out.stdout + out.stderr
@@ -48,7 +45,7 @@ def _ray(*argv: str, env: dict[str, str]) -> str:
 def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
     # Ray's socket paths must stay short: a temp dir of its own under /tmp
     env = {**os.environ, "RAY_TMPDIR": str(tmp_path_factory.mktemp("ray", numbered=True))}
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     head = ["start", "--head", "--port", address.split(":")[1], "--num-cpus", "1"]
     _ray(*head, "--include-dashboard", "false", "--disable-usage-stats", env=env)
     try:
@@ -68,7 +65,7 @@ def ingress(
     address, env = nodes
     argv = [str(BIN / "specserve"), "serve", "--model", str(tiny_folder), "--alias", "tiny"]
     argv += ["--dtype", "float64", "-np", "2", "--ctx-size", "512", "--threads", "1"]
-    argv += ["--replicas", "2", "--ray-address", address, "--port", str(_free_port())]
+    argv += ["--replicas", "2", "--ray-address", address, "--port", str(free_port())]
     argv += ["--affinity-threshold", "1"]  # a busy replica passes turns on at once
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     with log.open("wb") as out:
