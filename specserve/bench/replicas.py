@@ -7,10 +7,14 @@ For each replica count N a fresh `specserve serve --replicas N` (a local Ray ins
 `--threads` per replica, `--slots` each) runs the same sessions; for N > 1 once with our
 affinity router and once with Ray Serve's power of two choices (`--router pow2`), in
 interleaved rounds. `--clients` (default: slots x the largest N) is the same for every row,
-so rows differ only in the servers. Reported per row: aggregate tok/s (completion tokens of
-all turns over the run's wall time), mean time to first token on turn 1 and on turns 2+,
-and the cached share of returning prompts. The issue's target: affinity's turns-2+ TTFT
-<= 0.5x the default router's at the same N. `--share-outputs` runs every cluster with it.
+so rows differ only in the servers. The clients share one queue of sessions
+(`--turn-order shared`): were each client to own its sessions, a client's next request would
+go where its last one just freed a slot, and Ray's power of two choices would keep sessions
+home by accident, not by knowing where their cache is. Reported per row: aggregate tok/s
+(completion tokens of all turns over the run's wall time), mean time to first token on
+turn 1 and on turns 2+, and the cached share of returning prompts. The issue's target:
+affinity's turns-2+ TTFT <= 0.5x the default router's at the same N. `--share-outputs`
+runs every cluster with it.
 """
 
 from __future__ import annotations
@@ -72,7 +76,8 @@ def main(args: argparse.Namespace) -> None:
     slots = (args.slots or [2])[0]
     runs = settings(args.replicas)
     clients = args.clients or slots * max(args.replicas)
-    shape = Shape(args.sessions, args.turns, clients, args.max_tokens, args.turn_words)
+    order = args.turn_order or "shared"
+    shape = Shape(args.sessions, args.turns, clients, args.max_tokens, args.turn_words, order)
     order = interleaved(runs, args.repeats)
     rows: dict[str, list[ReplicaRow]] = {}
     with tempfile.TemporaryDirectory(prefix="specserve-replicas-") as tmp:
@@ -101,7 +106,8 @@ def main(args: argparse.Namespace) -> None:
     table = [_median(rs) for rs in rows.values()]
     ratios(table)
     print(
-        f"{shape.sessions} sessions x {shape.turns} turns, -np {slots} a replica, {clients} clients"
+        f"{shape.sessions} sessions x {shape.turns} turns, -np {slots} a replica, {clients} "
+        f"clients, turn order {shape.order}"
     )
     print(format_table([r.flat() for r in table], COLUMNS))
     print(verdict(table))

@@ -139,6 +139,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="words of a later turn's tool output; the first turn's task has 6x (80)",
     )
     sessions.add_argument(
+        "--turn-order",
+        choices=["client", "shared"],
+        default=None,
+        help="client: each client owns its sessions (default); shared: clients take turns "
+        "from one queue, so a session's turns hop clients (default with --replicas)",
+    )
+    sessions.add_argument(
         "--cache-ram", type=float, default=None, help="the store-on server's --cache-ram MiB"
     )
     sessions.add_argument(

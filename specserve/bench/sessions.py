@@ -182,7 +182,19 @@ async def _session_turn(
     messages.append({"role": "assistant", "content": answer})
 
 
+async def _turn(
+    api: openai.AsyncOpenAI, messages: list[Any], s: int, turn: int, shape: Shape
+) -> Turn:
+    """Session s's turn: its next user message appended, the answer awaited and kept."""
+    words = shape.words * (6 if turn == 1 else 1)
+    messages.append({"role": "user", "content": tool_output(s, turn, words)})
+    t = Turn(s, turn)
+    await _session_turn(api, messages, shape.max_tokens, t)
+    return t
+
+
 async def _client(url: str, sessions: list[int], shape: Shape) -> list[Turn]:
+    """One client that owns its sessions: one turn of each in turn."""
     api = _api(url, 1800.0)
     system = system_prompt(shape.words)
     history = {s: [{"role": "system", "content": system}] for s in sessions}
@@ -190,30 +202,58 @@ async def _client(url: str, sessions: list[int], shape: Shape) -> list[Turn]:
     try:
         for turn in range(1, shape.turns + 1):
             for s in sessions:
-                words = shape.words * (6 if turn == 1 else 1)
-                history[s].append({"role": "user", "content": tool_output(s, turn, words)})
-                out.append(Turn(s, turn))
-                await _session_turn(api, history[s], shape.max_tokens, out[-1])
+                out.append(await _turn(api, history[s], s, turn, shape))
     finally:
         await api.close()
     return out
 
 
+async def _shared_clients(url: str, shape: Shape) -> list[Turn]:
+    """Clients that share one queue of sessions: a free client takes the session that has
+    waited longest, so a session's turns hop between clients, as users behind a gateway do
+    (a client's next request then says nothing about which replica served the session)."""
+    system = system_prompt(shape.words)
+    history = {s: [{"role": "system", "content": system}] for s in range(shape.sessions)}
+    ready: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
+    for s in range(shape.sessions):
+        ready.put_nowait((s, 1))
+    out: list[Turn] = []
+
+    async def client() -> None:
+        api = _api(url, 1800.0)
+        try:
+            while not ready.empty():
+                s, turn = ready.get_nowait()
+                out.append(await _turn(api, history[s], s, turn, shape))
+                if turn < shape.turns:
+                    ready.put_nowait((s, turn + 1))
+        finally:
+            await api.close()
+
+    await asyncio.gather(*(client() for _ in range(min(shape.clients, shape.sessions))))
+    return out
+
+
 @dataclass(frozen=True)
 class Shape:
-    """The workload: sessions, turns each, clients at once, answer and message sizes."""
+    """The workload: sessions, turns each, clients at once, answer and message sizes, and
+    whether each client owns its sessions ("client") or all share one queue ("shared")."""
 
     sessions: int
     turns: int
     clients: int
     max_tokens: int
     words: int = WORDS_PER_TURN
+    order: str = "client"
 
 
 def run_sessions(url: str, shape: Shape) -> list[Turn]:
-    """Every session's turns, `clients` at a time (client c: sessions c, c + clients, ...)."""
+    """Every session's turns, `clients` at a time (by `shape.order`: client c owns sessions
+    c, c + clients, ...; or the clients share one queue of sessions)."""
 
     async def run() -> list[Turn]:
+        if shape.order == "shared":
+            return await _shared_clients(url, shape)
         n, c = shape.sessions, shape.clients
         groups = [list(range(i, n, c)) for i in range(min(c, n))]
         done = await asyncio.gather(*(_client(url, g, shape) for g in groups))
@@ -260,8 +300,9 @@ def summarise(store: str, turns: list[Turn], peak_rss_mib: float) -> SessionRow:
 
 def main(args: argparse.Namespace) -> None:
     slots = (args.slots or [4])[0]
+    order = args.turn_order or "client"
     shape = Shape(
-        args.sessions, args.turns, args.clients or slots, args.max_tokens, args.turn_words
+        args.sessions, args.turns, args.clients or slots, args.max_tokens, args.turn_words, order
     )
     settings: list[tuple[str, float | None]] = [("on", args.cache_ram), ("off", 0.0)]
     if args.llama_server is not None:

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from specserve.bench.sessions import tool_output
+from specserve.bench import sessions
+from specserve.bench.sessions import Shape, run_sessions, tool_output
 from specserve.cli import main
+from tests.server.conftest import MODEL_ID, LiveServer
 
 
 def test_bench_sessions_caches_returning_turns_only_with_the_store(
@@ -56,3 +58,20 @@ def test_a_bad_llama_server_fails_before_any_row_runs(
     assert main([*argv, "--llama-server", str(exe)]) != 0  # the tiny model is no GGUF
     err = capsys.readouterr().err
     assert "needs a GGUF model" in err and "store on" not in err
+
+
+@pytest.mark.parametrize("order", ["client", "shared"])
+def test_every_session_takes_its_turns_in_order_whoever_sends_them(
+    live: LiveServer, order: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sessions, "MODEL_ID", MODEL_ID)  # the name the live server serves
+    shape = Shape(sessions=5, turns=3, clients=2, max_tokens=3, words=4, order=order)
+    turns = run_sessions(live.url, shape)
+    assert [t.error for t in turns if t.error] == []
+    assert sorted((t.session, t.turn) for t in turns) == [
+        (s, n) for s in range(5) for n in range(1, 4)
+    ]
+    for s in range(5):  # a returning turn re-sends the history: its prompt only grows
+        mine = [t for t in turns if t.session == s]
+        assert [t.turn for t in mine] == [1, 2, 3]
+        assert mine[0].prompt_tokens < mine[1].prompt_tokens < mine[2].prompt_tokens
