@@ -142,6 +142,19 @@ class ChunkSpeculation(BaseModel):
     type: str | None = None
 
 
+def joined(a: ChunkSpeculation | None, b: ChunkSpeculation | None) -> ChunkSpeculation | None:
+    """The tokens behind two pieces of text sent as one; the types of the drafters whose
+    tokens they hold, in order, comma-separated."""
+    if a is None or b is None:
+        return a or b
+    types = [t for t in (a.type, b.type) if t]
+    return ChunkSpeculation(
+        tokens=a.tokens + b.tokens,
+        drafted=a.drafted + b.drafted,
+        type=",".join(dict.fromkeys(t for ts in types for t in ts.split(","))) or None,
+    )
+
+
 class ChatCompletionChunk(BaseModel):
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"

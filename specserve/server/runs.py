@@ -16,7 +16,7 @@ from specserve.loading.tokenizer import Tokenizer
 from specserve.server import logprobs
 from specserve.server.events import EngineFailure, Event
 from specserve.server.loop import Handle
-from specserve.server.replies import ChunkSpeculation
+from specserve.server.replies import ChunkSpeculation, joined
 from specserve.server.streams import Delta, Finish
 from specserve.server.text import TextStream
 
@@ -28,11 +28,10 @@ def _parts(event: Event) -> list[tuple[list[int], str]]:
     return [p for p in parts if p[0]]
 
 
-def _counted(origin: ChunkSpeculation | None, n: int, by: str) -> ChunkSpeculation:
+def _counted(origin: ChunkSpeculation | None, n: int, by: str) -> ChunkSpeculation | None:
     """origin plus n tokens (drafted by `by`; "" for the target's own)."""
-    o = origin or ChunkSpeculation(tokens=0)
-    drafted = o.drafted + (n if by else 0)
-    return ChunkSpeculation(tokens=o.tokens + n, drafted=drafted, type=by or o.type)
+    part = ChunkSpeculation(tokens=n, drafted=n if by else 0, type=by or None)
+    return joined(origin, part)
 
 
 async def text_run(

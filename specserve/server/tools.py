@@ -46,6 +46,7 @@ from specserve.server.replies import (
     FunctionDelta,
     ToolCall,
     ToolCallDelta,
+    joined,
 )
 from specserve.server.streams import Delta, Finish
 from specserve.server.text import partial_prefix
@@ -100,19 +101,6 @@ async def with_calls(
         if calls.calls and item.reason == "stop":
             item = dataclasses.replace(item, reason="tool_calls")
         yield item
-
-
-def joined(a: ChunkSpeculation | None, b: ChunkSpeculation | None) -> ChunkSpeculation | None:
-    """The tokens behind two pieces of text sent as one; the types of the drafters whose
-    tokens they hold, in order, comma-separated."""
-    if a is None or b is None:
-        return a or b
-    types = [t for t in (a.type, b.type) if t]
-    return ChunkSpeculation(
-        tokens=a.tokens + b.tokens,
-        drafted=a.drafted + b.drafted,
-        type=",".join(dict.fromkeys(t for ts in types for t in ts.split(","))) or None,
-    )
 
 
 # a tagged call's start as the grammar lays it out, up to its arguments' opening brace
