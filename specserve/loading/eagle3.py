@@ -309,6 +309,7 @@ def save_eagle3(head: Eagle3Head, folder: Path) -> None:
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layers)},
+        "norm_before_residual": cfg.norm_before_residual,
         "torch_dtype": "float32",
     }
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")

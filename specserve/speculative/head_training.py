@@ -10,7 +10,8 @@ is then unrolled `steps` times, as it drafts:
 Step j's row i sits at position i + j and attends to step 0's rows 0..i and to its own
 rows of steps 1..j (what the head's cache holds when it drafts its j-th token), so the
 head learns from its own earlier outputs (the "training-time test"). The loss is the
-cross-entropy against y over the draft vocabulary (labels outside it are skipped).
+cross-entropy over the draft vocabulary against the target's distribution after each
+prefix (its top-k, as EAGLE-3 learns from the target's probabilities), or against y alone.
 """
 
 from __future__ import annotations
@@ -29,9 +30,13 @@ from specserve.models.layers.embedding import Embedding
 from specserve.models.registry import LanguageModel
 
 
-def new_head(target: LanguageModel, draft_ids: torch.Tensor) -> Eagle3Head:
+def new_head(
+    target: LanguageModel, draft_ids: torch.Tensor, norm_before_residual: bool = False
+) -> Eagle3Head:
     """A head shaped like one of the target's layers, started where drafting is easiest: it
-    reads the highest tapped layer and speaks through the target's final norm and LM head."""
+    reads the highest tapped layer and speaks through the target's final norm and LM head.
+    norm_before_residual: its residual stream starts from the normed input state (see
+    models/eagle3.py), not the raw one."""
     t: ModelConfig = target.cfg
     layer = ModelConfig(
         arch="llama",
@@ -46,7 +51,8 @@ def new_head(target: LanguageModel, draft_ids: torch.Tensor) -> Eagle3Head:
         rms_norm_eps=t.rms_norm_eps,
         rope_theta=t.rope_theta,
     )
-    cfg = Eagle3Config(layer, len(draft_ids), t.hidden_size, default_aux_layers(t.num_layers))
+    aux = default_aux_layers(t.num_layers)
+    cfg = Eagle3Config(layer, len(draft_ids), t.hidden_size, aux, norm_before_residual)
     head = Eagle3Head(cfg)
     h = t.hidden_size
     with torch.no_grad():
@@ -81,13 +87,17 @@ class TargetRows:
     aux: torch.Tensor
     labels: torch.Tensor
     start: int = 0  # the first draft row scored (an answer's rows before its reply are not)
+    # the target's k likeliest next tokens after each prefix [T, k] and their probabilities
+    soft_ids: torch.Tensor | None = None
+    soft_p: torch.Tensor | None = None
 
 
 @torch.no_grad()
 def target_rows(
-    target: LanguageModel, tokens: list[int], layers: tuple[int, ...], start: int = 0
+    target: LanguageModel, tokens: list[int], layers: tuple[int, ...], start: int = 0, top: int = 0
 ) -> TargetRows:
-    """One plain forward of the target over the sequence, its layers tapped."""
+    """One plain forward of the target over the sequence, its layers tapped; with `top`,
+    its `top` likeliest next tokens after each prefix are kept too (soft labels)."""
     device = target.norm.weight.device
     cache = target.new_cache(1, len(tokens))
     batch = FlatBatch.build([0], [0], [len(tokens)], device)
@@ -99,8 +109,12 @@ def target_rows(
         aux = target.tapped.float()
     finally:
         target.taps = taps
-    labels = target.logits(hidden).argmax(dim=-1)
-    return TargetRows(ids, aux, labels, start)
+    logits = target.logits(hidden)
+    rows = TargetRows(ids, aux, logits.argmax(dim=-1), start)
+    if top > 0:
+        p, rows.soft_ids = torch.softmax(logits.float(), dim=-1).topk(top, dim=-1)
+        rows.soft_p = p
+    return rows
 
 
 def _unrolled_attention(
@@ -149,17 +163,45 @@ def unrolled_logits(
 
 
 def ttt_loss(
-    head: Eagle3Head, t2d: torch.Tensor, pairs: list[tuple[torch.Tensor, torch.Tensor]]
+    head: Eagle3Head,
+    t2d: torch.Tensor,
+    pairs: list[tuple[torch.Tensor, torch.Tensor]],
+    rows: TargetRows | None = None,
 ) -> torch.Tensor:
-    """Cross-entropy of every unrolled step against the target's tokens in the draft
-    vocabulary (t2d: target id -> draft id, -1 outside it), steps weighted alike."""
+    """Cross-entropy of every unrolled step against the target in the draft vocabulary
+    (t2d: target id -> draft id, -1 outside it), steps weighted alike: against the target's
+    distribution where `rows` holds its top tokens (EAGLE-3's soft labels, which say more
+    per row than the argmax alone), else against its argmax (labels outside are skipped)."""
     losses = []
-    for logits, labels in pairs:
-        draft = t2d[labels]
-        keep = draft >= 0
-        if keep.any():
-            losses.append(F.cross_entropy(logits[keep], draft[keep]))
+    for j, (logits, labels) in enumerate(pairs):
+        if rows is not None and rows.soft_ids is not None and rows.soft_p is not None:
+            at = slice(1 + j, 1 + j + logits.shape[0])
+            loss = _soft_cross_entropy(logits, t2d[rows.soft_ids[at]], rows.soft_p[at])
+        else:
+            loss = _hard_cross_entropy(logits, t2d[labels])
+        if loss is not None:
+            losses.append(loss)
     return torch.stack(losses).mean() if losses else torch.zeros((), requires_grad=True)
+
+
+def _hard_cross_entropy(logits: torch.Tensor, draft: torch.Tensor) -> torch.Tensor | None:
+    keep = draft >= 0
+    return F.cross_entropy(logits[keep], draft[keep]) if keep.any() else None
+
+
+def _soft_cross_entropy(
+    logits: torch.Tensor, draft: torch.Tensor, p: torch.Tensor
+) -> torch.Tensor | None:
+    """logits [m, Vd]; draft ids [m, k] (-1 outside the draft vocabulary), p [m, k]: the
+    target's top-k mass inside the draft vocabulary, renormalised per row."""
+    p = p * (draft >= 0)
+    mass = p.sum(dim=-1)
+    keep = mass > 0
+    if not keep.any():
+        return None
+    p = p[keep] / mass[keep, None]
+    logp = torch.log_softmax(logits[keep].float(), dim=-1).gather(-1, draft[keep].clamp(min=0))
+    return -(p * logp).sum(dim=-1).mean()
 
 
 def acceptance_counts(

@@ -3,6 +3,7 @@ speculators' nesting, llama.cpp's GGUF) into the same head, checked against the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -91,3 +92,11 @@ def test_a_gguf_of_another_architecture_is_refused(tmp_path: Path, target) -> No
     path = write_gguf(make_hf_model("llama"), "llama", tmp_path / "m.gguf")
     with pytest.raises(SpecserveError, match="not an eagle3 head"):
         load_eagle3(path, target.cfg)
+
+
+def test_a_saved_head_keeps_its_residual_form(tmp_path: Path, target) -> None:  # noqa: ANN001
+    head = random_head(target.cfg)
+    head.cfg = dataclasses.replace(head.cfg, norm_before_residual=True)
+    save_eagle3(head, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["norm_before_residual"] is True
+    assert load_eagle3(tmp_path, target.cfg, torch.float64).cfg.norm_before_residual

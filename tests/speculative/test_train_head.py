@@ -33,28 +33,41 @@ def _own_text(model, n: int = 12, length: int = 48) -> list[list[int]]:  # noqa:
 def _args(**kw) -> argparse.Namespace:  # noqa: ANN003
     p = argparse.ArgumentParser()
     train_head.add_args(p)
-    return p.parse_args(
-        ["--model", "tiny", "--draft-vocab", "100", "--steps", "3", *kw.pop("argv", [])]
-    )
+    # argmax labels: the tiny model's next-token distribution is nearly flat (its top token
+    # ~4 %), so its top-k teaches a flat head whose argmax is noise
+    argv = ["--model", "tiny", "--draft-vocab", "100", "--steps", "3", "--soft-top", "0"]
+    return p.parse_args([*argv, *kw.pop("argv", [])])
 
 
 def test_unrolled_steps_see_what_drafting_sees(target) -> None:  # noqa: ANN001
-    """Step 0 of the unrolled forward equals the head's cached forward over the same rows
-    (the training-time test starts from exactly what serving computes)."""
+    """Every unrolled step equals the head's cached forward as serving drafts: step 0 over
+    the rows the target's states make, then step j fed token x_{i+1+j} and the pre-norm
+    state step j - 1 left (the training-time test trains exactly what serving computes)."""
     from specserve.batch import FlatBatch
 
     model = nearly_bigram(target).float()
     seq = _own_text(model, n=1)[0]
     rows = ht.target_rows(model, seq, (2, 1, 0))
     head = ht.new_head(model, torch.arange(100))
-    ((logits, labels), *_) = ht.unrolled_logits(head, model.embed, rows, 2)
-    n = len(seq) - 1
-    cache = head.new_cache(1, n)
-    batch = FlatBatch.build([0], [0], [n], torch.device("cpu"))
-    with torch.no_grad():
-        normed, _ = head(model.embed(rows.tokens[1:]), head.fuse(rows.aux[:n]), batch, cache)
-    assert torch.allclose(head.lm_head(normed), logits, atol=1e-5)
-    assert labels.tolist() == rows.labels[1:].tolist()
+    with torch.no_grad():  # off its start, so later steps differ from step 0
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    pairs = ht.unrolled_logits(head, model.embed, rows, 3)
+    assert pairs[0][1].tolist() == rows.labels[1:].tolist()
+    cpu = torch.device("cpu")
+    for i in (0, 7, 20):
+        cache = head.new_cache(1, len(seq) + 4)
+        with torch.no_grad():
+            batch = FlatBatch.build([0], [0], [i + 1], cpu)
+            g = head.fuse(rows.aux[: i + 1])
+            normed, pre = head(model.embed(rows.tokens[1 : i + 2]), g, batch, cache)
+            assert torch.allclose(head.lm_head(normed[-1]), pairs[0][0][i], atol=1e-5)
+            for j in (1, 2):
+                batch = FlatBatch.build([0], [i + j], [1], cpu)
+                token = rows.tokens[i + 1 + j : i + 2 + j]
+                normed, pre = head(model.embed(token), pre[-1:], batch, cache)
+                assert torch.allclose(head.lm_head(normed[-1]), pairs[j][0][i], atol=1e-5)
+                assert pairs[j][1][i] == rows.labels[i + 1 + j]
 
 
 def test_train_resume_save_and_draft(target, tmp_path: Path) -> None:  # noqa: ANN001
@@ -89,3 +102,55 @@ def test_without_max_steps_the_time_budget_alone_bounds_training(  # noqa: ANN20
         loaded, list(_own_text(model)), tmp_path, _args(argv=[]), time.monotonic() + 3
     )
     assert report["steps"] > 0 and report["tokens"] > 0
+
+
+def test_a_second_epoch_reuses_the_targets_rows(  # noqa: ANN201
+    target,  # noqa: ANN001
+    tmp_path: Path,
+    monkeypatch,  # noqa: ANN001
+):
+    model = nearly_bigram(target).float()
+    loaded = LoadedModel(model, None, tmp_path / "tiny")
+    seqs = _own_text(model, n=6, length=16)
+    held = [(seqs[0], 0)]
+    calls = []
+    real = ht.target_rows
+
+    def counted(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(ht, "target_rows", counted)
+    far = time.monotonic() + 600
+    for budget, forwards in (("6", 6 + 1), ("0", 12 + 1)):  # two epochs of 6, the held one
+        calls.clear()
+        argv = ["--max-steps", "12", "--row-cache-gb", budget]
+        (tmp_path / budget).mkdir()
+        train_head.train(loaded, list(seqs), tmp_path / budget, _args(argv=argv), far, held)
+        assert len(calls) == forwards
+
+
+def test_soft_labels_that_are_one_hot_give_the_argmax_loss(target) -> None:  # noqa: ANN001
+    """The soft cross-entropy is the hard one when the target is sure; and the target's
+    top-k mass learns the head toward its distribution, not only its argmax."""
+    model = nearly_bigram(target).float()
+    seq = _own_text(model, n=1)[0]
+    rows = ht.target_rows(model, seq, (2, 1, 0), top=4)
+    assert rows.soft_ids is not None and rows.soft_p is not None
+    assert rows.soft_ids[:, 0].tolist() == rows.labels.tolist()
+    assert torch.all(rows.soft_p[:, :-1] >= rows.soft_p[:, 1:])
+    head = ht.new_head(model, torch.arange(100))
+    t2d = torch.full((VOCAB,), -1, dtype=torch.long)
+    t2d[:100] = torch.arange(100)
+    pairs = ht.unrolled_logits(head, model.embed, rows, 2)
+    sure = ht.TargetRows(
+        rows.tokens,
+        rows.aux,
+        rows.labels,
+        soft_ids=rows.labels[:, None],
+        soft_p=torch.ones(len(seq), 1),
+    )
+    hard = ht.ttt_loss(head, t2d, pairs)
+    assert torch.allclose(ht.ttt_loss(head, t2d, pairs, sure), hard)
+    soft = ht.ttt_loss(head, t2d, pairs, rows)
+    assert not torch.allclose(soft, hard)
