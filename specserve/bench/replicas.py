@@ -34,7 +34,8 @@ from specserve.bench.report import (
     write_json,
 )
 from specserve.bench.server_process import ServerProcess, server_spec
-from specserve.bench.sessions import SessionRow, Shape, run_sessions, summarise
+from specserve.bench.session_load import Shape, run_sessions
+from specserve.bench.sessions import SessionRow, summarise
 from specserve.bench.workload import warm_up
 
 TARGET_TTFT_RATIO = 0.5

@@ -3,15 +3,16 @@ and off.
 
     specserve bench serve --sessions 16 --turns 4 --slots 4 [--cache-ram MB] [--repeats 1]
 
-N sessions, interleaved over `--clients` concurrent clients (default: the slot count):
-client c runs sessions c, c + clients, ... one turn of each in turn, so far more
-conversations are live than there are slots. Shaped like a coding agent's: every session
-shares one long system prompt (tool descriptions), its first user message is the task
-with its context (6x `--turn-words` words of code-like text), and each later turn adds a
-short tool output (`--turn-words`, default 80 words), re-sending the whole history with the
-greedy answers of `--max-tokens` in it: about 1.5k tokens at turn 1, 2-3k by turn 4 on the
-0.5B's tokenizer. The same workload runs against a server with the prompt store
-(`--cache-ram`, default the server's) and one with `--cache-ram 0`, in interleaved rounds.
+N sessions (bench/session_load.py), interleaved over `--clients` concurrent clients
+(default: the slot count): client c runs sessions c, c + clients, ... one turn of each in
+turn, so far more conversations are live than there are slots. Shaped like a coding
+agent's: every session shares one long system prompt (tool descriptions), its first user
+message is the task with its context (6x `--turn-words` words of code-like text), and each
+later turn adds a short tool output (`--turn-words`, default 80 words), re-sending the whole
+history with the greedy answers of `--max-tokens` in it: about 1.5k tokens at turn 1, 2-3k
+by turn 4 on the 0.5B's tokenizer. The same workload runs against a server with the prompt
+store (`--cache-ram`, default the server's) and one with `--cache-ram 0`, in interleaved
+rounds.
 Reported per setting: mean time to first token on turn 1 and on turns 2+, the share of
 returning prompts (turns 2+) that `usage.cached_tokens` covers (their sum, and the least of
 any one prompt), the server's peak RSS (VmHWM) and the store's bytes and budget. The issue's
@@ -26,14 +27,10 @@ server's ratio is against itself with its cache off.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import random
 import tempfile
-import time
 import urllib.request
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from specserve.bench.report import (
     Column,
@@ -43,54 +40,16 @@ from specserve.bench.report import (
     out_paths,
     write_json,
 )
-from specserve.bench.server_process import MODEL_ID, launch, read_rss_mib, server_spec
-from specserve.bench.workload import _api, warm_up
+from specserve.bench.server_process import launch, read_rss_mib, server_spec
+from specserve.bench.session_load import Shape, Turn, run_sessions
+from specserve.bench.workload import warm_up
 from specserve.errors import SpecserveError
-
-if TYPE_CHECKING:
-    import openai
 
 PEER = "llama.cpp"
 PEER_CTX_PER_SLOT = 8192  # context per llama-server slot: the longest session with room
 PEER_DEFAULT_CACHE_MIB = 8192.0  # llama-server's own --cache-ram default
 TARGET_TTFT_RATIO = 0.25
 TARGET_CACHED_SHARE = 0.9
-WORDS_PER_TURN = 80  # words of a later turn's tool output (--turn-words); the task: 6x
-_WORDS = [
-    "def",
-    "return",
-    "self",
-    "value",
-    "index",
-    "result",
-    "buffer",
-    "size",
-    "for",
-    "while",
-    "if",
-    "else",
-    "None",
-    "list",
-    "dict",
-    "import",
-    "error",
-    "path",
-    "config",
-    "request",
-    "token",
-    "cache",
-    "slot",
-    "the",
-    "of",
-    "to",
-    "and",
-    "in",
-    "is",
-]
-SYSTEM = (
-    "You are a coding agent. You read tool outputs and answer with the next action. "
-    "Tools: read_file(path), write_file(path, text), run(cmd), search(query). "
-)
 COLUMNS = (
     Column("store", "store"),
     Column("requests", "requests"),
@@ -108,17 +67,6 @@ COLUMNS = (
 
 
 @dataclass
-class Turn:
-    session: int
-    turn: int
-    ttft_s: float | None = None
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-    error: str | None = None
-
-
-@dataclass
 class SessionRow:
     store: str  # "on" or "off"
     requests: int
@@ -133,133 +81,6 @@ class SessionRow:
     store_mib: float = 0.0  # what the store held at the end
     budget_mib: float = 0.0  # its budget (--cache-ram)
     turns: list[Turn] = field(default_factory=list)
-
-
-def system_prompt(words_per_turn: int) -> str:
-    """The system prompt every session shares (tool descriptions), ~4x a later turn's."""
-    return SYSTEM * max(1, words_per_turn // 5)
-
-
-def tool_output(session: int, turn: int, words_per_turn: int = WORDS_PER_TURN) -> str:
-    """A deterministic, code-like user message for one session's turn."""
-    rng = random.Random(session * 1000 + turn)
-    lines, words = [], 0
-    while words < words_per_turn:
-        n = rng.randint(4, 10)
-        lines.append("    " * rng.randint(0, 2) + " ".join(rng.choices(_WORDS, k=n)))
-        words += n
-    head = f"Task {session}: fix the failing code below." if turn == 1 else f"Step {turn} output:"
-    return head + "\n" + "\n".join(lines)
-
-
-async def _session_turn(
-    api: openai.AsyncOpenAI, messages: list[Any], max_tokens: int, t: Turn
-) -> None:
-    t0 = time.perf_counter()
-    answer = ""
-    try:
-        stream = await api.chat.completions.create(
-            model=MODEL_ID,
-            messages=messages,
-            max_tokens=max_tokens,
-            temperature=0.0,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-        async for chunk in stream:
-            content = chunk.choices[0].delta.content if chunk.choices else None
-            if content:
-                answer += content
-                if t.ttft_s is None:
-                    t.ttft_s = time.perf_counter() - t0
-            if chunk.usage is not None:
-                t.prompt_tokens = chunk.usage.prompt_tokens
-                details = chunk.usage.prompt_tokens_details
-                t.cached_tokens = (details.cached_tokens or 0) if details else 0
-                t.completion_tokens = chunk.usage.completion_tokens
-    except Exception as e:  # noqa: BLE001 - every failure is counted, none stops the run
-        t.error = f"{type(e).__name__}: {e}"
-    messages.append({"role": "assistant", "content": answer})
-
-
-async def _turn(
-    api: openai.AsyncOpenAI, messages: list[Any], s: int, turn: int, shape: Shape
-) -> Turn:
-    """Session s's turn: its next user message appended, the answer awaited and kept."""
-    words = shape.words * (6 if turn == 1 else 1)
-    messages.append({"role": "user", "content": tool_output(s, turn, words)})
-    t = Turn(s, turn)
-    await _session_turn(api, messages, shape.max_tokens, t)
-    return t
-
-
-async def _client(url: str, sessions: list[int], shape: Shape) -> list[Turn]:
-    """One client that owns its sessions: one turn of each in turn."""
-    api = _api(url, 1800.0)
-    system = system_prompt(shape.words)
-    history = {s: [{"role": "system", "content": system}] for s in sessions}
-    out = []
-    try:
-        for turn in range(1, shape.turns + 1):
-            for s in sessions:
-                out.append(await _turn(api, history[s], s, turn, shape))
-    finally:
-        await api.close()
-    return out
-
-
-async def _shared_clients(url: str, shape: Shape) -> list[Turn]:
-    """Clients that share one queue of sessions: a free client takes the session that has
-    waited longest, so a session's turns hop between clients, as users behind a gateway do
-    (a client's next request then says nothing about which replica served the session)."""
-    system = system_prompt(shape.words)
-    history = {s: [{"role": "system", "content": system}] for s in range(shape.sessions)}
-    ready: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
-    for s in range(shape.sessions):
-        ready.put_nowait((s, 1))
-    out: list[Turn] = []
-
-    async def client() -> None:
-        api = _api(url, 1800.0)
-        try:
-            while not ready.empty():
-                s, turn = ready.get_nowait()
-                out.append(await _turn(api, history[s], s, turn, shape))
-                if turn < shape.turns:
-                    ready.put_nowait((s, turn + 1))
-        finally:
-            await api.close()
-
-    await asyncio.gather(*(client() for _ in range(min(shape.clients, shape.sessions))))
-    return out
-
-
-@dataclass(frozen=True)
-class Shape:
-    """The workload: sessions, turns each, clients at once, answer and message sizes, and
-    whether each client owns its sessions ("client") or all share one queue ("shared")."""
-
-    sessions: int
-    turns: int
-    clients: int
-    max_tokens: int
-    words: int = WORDS_PER_TURN
-    order: str = "client"
-
-
-def run_sessions(url: str, shape: Shape) -> list[Turn]:
-    """Every session's turns, `clients` at a time (by `shape.order`: client c owns sessions
-    c, c + clients, ...; or the clients share one queue of sessions)."""
-
-    async def run() -> list[Turn]:
-        if shape.order == "shared":
-            return await _shared_clients(url, shape)
-        n, c = shape.sessions, shape.clients
-        groups = [list(range(i, n, c)) for i in range(min(c, n))]
-        done = await asyncio.gather(*(_client(url, g, shape) for g in groups))
-        return [t for group in done for t in group]
-
-    return asyncio.run(run())
 
 
 def store_bytes(url: str) -> tuple[float, float]:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from specserve.bench import sessions
-from specserve.bench.sessions import Shape, run_sessions, tool_output
+from specserve.bench import session_load
+from specserve.bench.session_load import Shape, run_sessions, tool_output
 from specserve.cli import main
 from tests.server.conftest import MODEL_ID, LiveServer
 
@@ -64,7 +64,7 @@ def test_a_bad_llama_server_fails_before_any_row_runs(
 def test_every_session_takes_its_turns_in_order_whoever_sends_them(
     live: LiveServer, order: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sessions, "MODEL_ID", MODEL_ID)  # the name the live server serves
+    monkeypatch.setattr(session_load, "MODEL_ID", MODEL_ID)  # the name the live server serves
     shape = Shape(sessions=5, turns=3, clients=2, max_tokens=3, words=4, order=order)
     turns = run_sessions(live.url, shape)
     assert [t.error for t in turns if t.error] == []
