@@ -45,6 +45,9 @@ def _ray(*argv: str, env: dict[str, str]) -> str:
 def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
     # Ray's socket paths must stay short: a temp dir of its own under /tmp
     env = {**os.environ, "RAY_TMPDIR": str(tmp_path_factory.mktemp("ray", numbered=True))}
+    # an earlier ray.init in this process (another module's cluster) set token auth in
+    # os.environ; this cluster is made without it, as `ray start` makes one by default
+    env.pop("RAY_AUTH_MODE", None)
     address = f"127.0.0.1:{free_port()}"
     head = ["start", "--head", "--port", address.split(":")[1], "--num-cpus", "1"]
     _ray(*head, "--include-dashboard", "false", "--disable-usage-stats", env=env)
@@ -96,7 +99,12 @@ def test_one_replica_on_each_node_through_the_ingress(
     status = _ray("status", "--address", address, env=env)
     assert len(re.findall(r"^\s*1 node_", status, re.M)) == 2, status
     assert re.search(r"2\.0/2\.0 CPU", status), status  # a replica holds each node's CPU
-    health = httpx2.get(f"{ingress}/health", timeout=30)
+    # a replica counts as live once it has posted to the board: the second may post a
+    # beat after the ingress says it is running
+    deadline = time.monotonic() + 60
+    while (health := httpx2.get(f"{ingress}/health", timeout=30)).json()["replicas"] < 2:
+        assert time.monotonic() < deadline, health.json()
+        time.sleep(0.5)
     assert health.status_code == 200 and health.json()["replicas"] == 2
     asks = [[{"role": "user", "content": f"question {i} about the two nodes"}] for i in range(6)]
     with ThreadPoolExecutor(len(asks)) as pool:  # at once: the queues send some to each node
