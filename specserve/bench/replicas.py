@@ -77,8 +77,8 @@ def main(args: argparse.Namespace) -> None:
     slots = (args.slots or [2])[0]
     runs = settings(args.replicas)
     clients = args.clients or slots * max(args.replicas)
-    order = args.turn_order or "shared"
-    shape = Shape(args.sessions, args.turns, clients, args.max_tokens, args.turn_words, order)
+    turn_order = args.turn_order or "shared"
+    shape = Shape(args.sessions, args.turns, clients, args.max_tokens, args.turn_words, turn_order)
     order = interleaved(runs, args.repeats)
     rows: dict[str, list[ReplicaRow]] = {}
     with tempfile.TemporaryDirectory(prefix="specserve-replicas-") as tmp:

@@ -121,9 +121,14 @@ def summarise(store: str, turns: list[Turn], peak_rss_mib: float) -> SessionRow:
 
 def main(args: argparse.Namespace) -> None:
     slots = (args.slots or [4])[0]
-    order = args.turn_order or "client"
+    turn_order = args.turn_order or "client"
     shape = Shape(
-        args.sessions, args.turns, args.clients or slots, args.max_tokens, args.turn_words, order
+        args.sessions,
+        args.turns,
+        args.clients or slots,
+        args.max_tokens,
+        args.turn_words,
+        turn_order,
     )
     settings: list[tuple[str, float | None]] = [("on", args.cache_ram), ("off", 0.0)]
     if args.llama_server is not None:
