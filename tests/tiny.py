@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 
 VOCAB = 128
+
+
+def device_under_test() -> torch.device:
+    """Where the exactness tests put their tiny models: the CPU, or the device
+    `SPECSERVE_TEST_DEVICE` names (`cuda` on a lent GPU; CI has none)."""
+    return torch.device(os.environ.get("SPECSERVE_TEST_DEVICE", "cpu"))
+
+
+def add_noise(model: torch.nn.Module, scale: float, seed: int = 5) -> None:
+    """Every weight plus `scale` of its own spread in noise, the same on any device."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            noise = torch.randn(p.shape, generator=g, dtype=p.dtype).to(p.device)
+            p.add_(noise * scale * p.std())
 
 
 def hf_config(arch: str, **overrides):  # noqa: ANN003, ANN201 (a transformers config)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specserve.loading.model import load_model
-from tests.tiny import write_hf_folder
+from tests.tiny import add_noise, device_under_test, write_hf_folder
 
 
 @pytest.fixture(scope="session")
@@ -16,15 +16,12 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> torch.nn.Module:
     """A random-weight qwen2 (seed 11) in float64: greedy ties are as good as impossible."""
     folder = tmp_path_factory.mktemp("target")
     write_hf_folder("qwen2", folder, seed=11)
-    return load_model(folder, dtype="float64").model
+    return load_model(folder, dtype="float64").model.to(device_under_test())
 
 
 @pytest.fixture(scope="session")
 def close_draft(target):  # noqa: ANN001, ANN201
     """The target with a little noise in every weight: agrees often, not always."""
     draft = copy.deepcopy(target)
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.25 * p.std())
+    add_noise(draft, 0.25)
     return draft

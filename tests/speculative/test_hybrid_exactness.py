@@ -28,7 +28,7 @@ from specserve.models.qwen3_next import HybridTransformer
 from specserve.speculative.base import Speculator
 from specserve.speculative.registry import build_speculator
 from tests.speculative.cases_seen import CasesSeen
-from tests.tiny import VOCAB
+from tests.tiny import VOCAB, add_noise, device_under_test
 from tests.tiny_hybrid import write_hybrid_folder
 
 N_TOKENS = 200
@@ -51,10 +51,7 @@ def _tune(model: HybridTransformer) -> HybridTransformer:
 def _noisy(model: HybridTransformer, scale: float) -> HybridTransformer:
     draft = copy.deepcopy(model)
     draft.mtp = None
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * scale * p.std())
+    add_noise(draft, scale)
     return draft
 
 
@@ -64,6 +61,7 @@ def _models(arch: str) -> tuple[HybridTransformer, HybridTransformer]:
     folder = Path(tempfile.mkdtemp(prefix=f"specserve-{arch}-"))
     write_hybrid_folder(arch, folder, seed=7)
     target = _tune(load_model(folder, dtype="float64", with_tokenizer=False).model)
+    target = target.to(device_under_test())
     return target, _noisy(target, 0.1)
 
 
