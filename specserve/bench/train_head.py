@@ -80,6 +80,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
         default=32,
         help="learn the target's distribution over its k likeliest tokens (0: its argmax)",
     )
+    p.add_argument(
+        "--feature-weight",
+        type=float,
+        default=0.0,
+        help="weight of the feature loss: step 0's output state pulled toward the target's "
+        "fused state one position on, which step 1 reads in its place (0: off)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--row-cache-gb",
@@ -172,19 +179,30 @@ def evaluate(
     """Held-out acceptance: top-1 at the first draft position, per position the chance that
     a draft reaching it is kept there, and each unrolled step's own top-1 whatever the steps
     before it drafted (rows before each row's `start` not scored)."""
-    kept, reached, alone = [0] * steps, [0] * steps, [0] * steps
+    kept, reached, alone, repeats = [0] * steps, [0] * steps, [0] * steps, [0] * steps
     with torch.no_grad():
         for r in rows:
             scored = ht.unrolled_logits(head, target.embed, r, steps)
             pairs = [(lg[r.start :], lb[r.start :]) for lg, lb in scored]
             k, n = ht.acceptance_counts(head, pairs)
-            for j, (lg, lb) in enumerate(pairs):
+            drafted = [lg.argmax(dim=-1)[: n[0]] for lg, _ in pairs]
+            for j, (_, lb) in enumerate(pairs):
                 kept[j], reached[j] = kept[j] + k[j], reached[j] + n[j]
-                alone[j] += int((head.d2t[lg.argmax(dim=-1)] == lb)[: n[0]].sum())
+                alone[j] += int((head.d2t[drafted[j]] == lb[: n[0]]).sum())
+                if j > 0:  # how often step j only says step j - 1's token again
+                    last = drafted[j - 1][: len(drafted[j])]
+                    repeats[j] += int((drafted[j] == last).sum())
     curve = [k / n if n else 0.0 for k, n in zip(kept, reached, strict=True)]
     total = max(reached[0], 1)
     step_top1 = [a / total for a in alone]
-    return {"top1": curve[0], "per_position": curve, "step_top1": step_top1, "rows": reached[0]}
+    step_repeats = [a / total for a in repeats[1:]]
+    return {
+        "top1": curve[0],
+        "per_position": curve,
+        "step_top1": step_top1,
+        "step_repeats": step_repeats,
+        "rows": reached[0],
+    }
 
 
 def lr_scale(step: int, done: float, warmup: int = 50) -> float:
@@ -236,8 +254,11 @@ def train(
             for group in opt.param_groups:
                 group["lr"] = args.lr * lr_scale(step, done, warmup)
             rows = seen.get(step % len(seqs), label)
-            pairs = ht.unrolled_logits(head, target.embed, rows, args.steps)
-            loss = ht.ttt_loss(head, t2d, pairs, rows)
+            u = ht.unrolled(head, target.embed, rows, args.steps)
+            loss = ht.ttt_loss(head, t2d, u.pairs, rows)
+            feature = ht.feature_loss(u) if args.feature_weight > 0 else None
+            if feature is not None:
+                loss = loss + args.feature_weight * feature
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)

@@ -12,6 +12,11 @@ rows of steps 1..j (what the head's cache holds when it drafts its j-th token), 
 head learns from its own earlier outputs (the "training-time test"). The loss is the
 cross-entropy over the draft vocabulary against the target's distribution after each
 prefix (its top-k, as EAGLE-3 learns from the target's probabilities), or against y alone.
+
+Optionally (`feature_loss`, EAGLE-1's feature regression) step 0's pre-norm state at row i
+is also pulled toward the fused target state of row i + 1: that state is what step 1 reads
+in its place, so step 1 then sees what step 0 was trained on, one position on, instead of
+a state that still points at step 0's own token.
 """
 
 from __future__ import annotations
@@ -143,23 +148,50 @@ def _unrolled_attention(
     return a.o(out.reshape(n, -1))
 
 
-def unrolled_logits(
-    head: Eagle3Head, embed: Embedding, rows: TargetRows, steps: int
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per step j: (draft-vocabulary logits [T - 1 - j, Vd], target labels [T - 1 - j])."""
+@dataclass
+class Unrolled:
+    """The head unrolled over one sequence: per step j, (draft-vocabulary logits
+    [T - 1 - j, Vd], target labels [T - 1 - j]); the fused target states [T - 1, H] and
+    step 0's pre-norm states [T - 1, H] (for the feature loss)."""
+
+    pairs: list[tuple[torch.Tensor, torch.Tensor]]
+    fused: torch.Tensor
+    prenorm0: torch.Tensor | None
+
+
+def unrolled(head: Eagle3Head, embed: Embedding, rows: TargetRows, steps: int) -> Unrolled:
     n = rows.tokens.shape[0]
     with torch.no_grad():
         e = embed(rows.tokens).float()
-    g = head.fuse(rows.aux[: n - 1])
+    fused = g = head.fuse(rows.aux[: n - 1])
     kv: list[tuple[torch.Tensor, torch.Tensor]] = []
-    out = []
+    out, prenorm0 = [], None
     for j in range(min(steps, n - 1)):
         m = n - 1 - j  # rows whose token x_{i+1+j} and label y_{i+1+j} exist
         g, kv = g[:m], [(k[:m], v[:m]) for k, v in kv]
         attend = partial(_unrolled_attention, head, j=j, kv=kv)
         normed, g = head.layer(e[1 + j : 1 + j + m], g, attend)
+        prenorm0 = g if j == 0 else prenorm0
         out.append((head.lm_head(normed), rows.labels[1 + j : 1 + j + m]))
-    return out
+    return Unrolled(out, fused, prenorm0)
+
+
+def unrolled_logits(
+    head: Eagle3Head, embed: Embedding, rows: TargetRows, steps: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per step j: (draft-vocabulary logits [T - 1 - j, Vd], target labels [T - 1 - j])."""
+    return unrolled(head, embed, rows, steps).pairs
+
+
+def feature_loss(u: Unrolled, start: int = 0) -> torch.Tensor | None:
+    """Step 0's pre-norm state at row i against the fused target state of row i + 1 (held
+    fixed), as a mean squared error relative to that state's own mean square, so its scale
+    does not depend on the model's hidden size or the norm of its states."""
+    if u.prenorm0 is None or u.prenorm0.shape[0] < start + 2:
+        return None
+    want = u.fused[start + 1 :].detach()
+    got = u.prenorm0[start : start + want.shape[0]]
+    return (got - want).pow(2).mean() / want.pow(2).mean().clamp(min=1e-12)
 
 
 def ttt_loss(

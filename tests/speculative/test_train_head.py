@@ -154,3 +154,50 @@ def test_soft_labels_that_are_one_hot_give_the_argmax_loss(target) -> None:  # n
     assert torch.allclose(ht.ttt_loss(head, t2d, pairs, sure), hard)
     soft = ht.ttt_loss(head, t2d, pairs, rows)
     assert not torch.allclose(soft, hard)
+
+
+def test_feature_loss_pulls_step_zero_toward_the_next_rows_state(target) -> None:  # noqa: ANN001
+    """Zero exactly when step 0's state at row i is the fused target state of row i + 1;
+    its gradient reaches the head's step, not the fused state it is measured against."""
+    model = nearly_bigram(target).float()
+    seq = _own_text(model, n=1)[0]
+    rows = ht.target_rows(model, seq, (2, 1, 0))
+    head = ht.new_head(model, torch.arange(100))
+    u = ht.unrolled(head, model.embed, rows, 2)
+    assert u.prenorm0 is not None and u.prenorm0.shape == u.fused.shape
+    loss = ht.feature_loss(u)
+    assert loss is not None and float(loss) > 0
+    loss.backward()
+    assert head.mlp.down.weight.grad is not None and head.mlp.down.weight.grad.abs().sum() > 0
+    fused = u.fused.detach()
+    exact = ht.Unrolled(u.pairs, fused, torch.cat([fused[1:], fused[:1]]))
+    assert float(ht.feature_loss(exact)) == 0.0  # type: ignore[arg-type]
+    assert ht.feature_loss(exact, start=len(seq)) is None  # no row has a next row
+
+
+def test_feature_weight_trains_step_zero_toward_the_next_state(  # noqa: ANN201
+    target,  # noqa: ANN001
+    tmp_path: Path,
+):
+    """The same run with and without the feature loss: with it, step 0's states end nearer
+    the next rows' fused states; the report counts how often a step repeats the one before."""
+    model = nearly_bigram(target).float()
+    loaded = LoadedModel(model, None, tmp_path / "tiny")
+    seqs = _own_text(model)
+    far = time.monotonic() + 600
+    gap = {}
+    for weight in ("0", "3"):
+        out = tmp_path / weight
+        out.mkdir()
+        argv = ["--max-steps", "60", "--lr", "1e-3", "--feature-weight", weight]
+        report = train_head.train(loaded, list(seqs), out, _args(argv=argv), far)
+        assert len(report["step_repeats"]) == 2  # steps 1 and 2 against the step before
+        assert all(0.0 <= r <= 1.0 for r in report["step_repeats"])
+        head = load_eagle3(out, model.cfg, torch.float32)
+        with torch.no_grad():
+            losses = []
+            for s in seqs:
+                rows = ht.target_rows(model, s, head.cfg.aux_layers)
+                losses.append(ht.feature_loss(ht.unrolled(head, model.embed, rows, 1)))
+        gap[weight] = float(torch.stack([x for x in losses if x is not None]).mean())
+    assert gap["3"] < 0.8 * gap["0"], gap
