@@ -65,7 +65,9 @@ def build_application(args: argparse.Namespace) -> Any:
         router = RequestRouterConfig(
             request_router_class=AffinityRouter,  # type: ignore[arg-type]
             request_router_kwargs={
-                "threshold": args.affinity_threshold,
+                # a turn waits for about one turn of its home replica at most: past that,
+                # re-prefilling elsewhere is sooner than the queue (docs/scaling.md)
+                "threshold": threshold(args),
                 "min_match": args.affinity_min_match,
             },
         )
@@ -90,6 +92,12 @@ def build_application(args: argparse.Namespace) -> Any:
         max_ongoing_requests=10_000,
     )
     return ingress.bind(replica.bind(replica_args(args)), IngressOptions(args.model))
+
+
+def threshold(args: argparse.Namespace) -> int:
+    """--affinity-threshold, or by default the replica's slots."""
+    given = args.affinity_threshold
+    return args.parallel if given is None else given
 
 
 def start(args: argparse.Namespace) -> str:

@@ -39,9 +39,9 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     c.add_argument(
         "--affinity-threshold",
         type=int,
-        default=4,
+        default=None,
         help="a turn goes to the replica holding its prefix unless that one has more than "
-        "this many requests over the least loaded (default 4)",
+        "this many requests over the least loaded (default: a replica's slots, -np)",
     )
     c.add_argument(
         "--affinity-min-match",

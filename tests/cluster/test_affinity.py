@@ -68,3 +68,15 @@ def test_a_prefix_every_replica_holds_is_no_reason_to_queue() -> None:
     assert again is not None and (again.replica, again.reason) == ("b", "affinity")
     tie = router.choose(system + [99], {"a": 1, "b": 1})  # equal loads: either, not None
     assert tie is not None and tie.reason == "least-loaded"
+
+
+def test_the_threshold_defaults_to_a_replicas_slots() -> None:
+    """Past about one turn of waiting at home, a turn is sooner re-prefilled elsewhere: by
+    default the home replica may be as many requests ahead as it has slots, no more."""
+    from specserve.cli import build_parser
+    from specserve.cluster.deploy import threshold
+
+    serve = ["serve", "--model", "m.gguf", "--replicas", "2"]
+    assert threshold(build_parser().parse_args([*serve, "-np", "3"])) == 3
+    given = build_parser().parse_args([*serve, "-np", "3", "--affinity-threshold", "1"])
+    assert threshold(given) == 1
