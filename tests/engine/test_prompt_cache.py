@@ -20,7 +20,7 @@ from specserve.loading.model import load_model
 from specserve.models.registry import LanguageModel
 from specserve.speculative.registry import build_speculator
 from specserve.tokens import shared_prefix
-from tests.tiny import VOCAB, write_hf_folder
+from tests.tiny import VOCAB, add_noise, write_hf_folder
 from tests.tiny_hybrid import write_hybrid_folder
 
 CTX = 256
@@ -40,10 +40,7 @@ def _model(arch: str) -> LanguageModel:
 def _noisy(arch: str) -> LanguageModel:
     """A draft model: the target with noise, so its drafts are often but not always right."""
     draft = copy.deepcopy(_model(arch))
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.1 * p.std())
+    add_noise(draft, 0.1)
     return draft
 
 
