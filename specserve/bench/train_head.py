@@ -190,8 +190,7 @@ def evaluate(
                 kept[j], reached[j] = kept[j] + k[j], reached[j] + n[j]
                 alone[j] += int((head.d2t[drafted[j]] == lb[: n[0]]).sum())
                 if j > 0:  # how often step j only says step j - 1's token again
-                    last = drafted[j - 1][: len(drafted[j])]
-                    repeats[j] += int((drafted[j] == last).sum())
+                    repeats[j] += int((drafted[j] == drafted[j - 1]).sum())
     curve = [k / n if n else 0.0 for k, n in zip(kept, reached, strict=True)]
     total = max(reached[0], 1)
     step_top1 = [a / total for a in alone]

@@ -171,7 +171,8 @@ def unrolled(head: Eagle3Head, embed: Embedding, rows: TargetRows, steps: int) -
         g, kv = g[:m], [(k[:m], v[:m]) for k, v in kv]
         attend = partial(_unrolled_attention, head, j=j, kv=kv)
         normed, g = head.layer(e[1 + j : 1 + j + m], g, attend)
-        prenorm0 = g if j == 0 else prenorm0
+        if j == 0:
+            prenorm0 = g
         out.append((head.lm_head(normed), rows.labels[1 + j : 1 + j + m]))
     return Unrolled(out, fused, prenorm0)
 
