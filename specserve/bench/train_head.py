@@ -87,6 +87,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="weight of the feature loss: step 0's output state pulled toward the target's "
         "fused state one position on, which step 1 reads in its place (0: off)",
     )
+    p.add_argument(
+        "--taps",
+        default=None,
+        help="the three target layers the head reads, as vLLM counts them (a layer's input; "
+        "0 = the embedding), comma-separated (default: vLLM's low, middle, high)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--row-cache-gb",
@@ -108,6 +114,23 @@ def asks(n: int, seed: int) -> list[str]:
     out = [a.format(t) for t in topics for a in ASKS]
     random.Random(seed).shuffle(out)
     return out[:n]
+
+
+def cached_answers(
+    loaded: LoadedModel, model: str, n: int, max_tokens: int, seed: int
+) -> list[tuple[list[int], list[int]]]:
+    """`answers`, kept in the cache beside the heads: a resumed or repeated run with the same
+    model, count, length and seed reads them back instead of decoding them again."""
+    name = f"{own_head_name(model).removesuffix('-eagle3')}-{n}x{max_tokens}-{seed}.json"
+    path = cache_dir() / "head-answers" / name
+    if path.exists():
+        return [(p, r) for p, r in json.loads(path.read_text())]
+    made = answers(loaded, n, max_tokens, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(made))
+    tmp.replace(path)
+    return made
 
 
 def answers(
@@ -167,8 +190,25 @@ def draft_vocab(target: LanguageModel, seqs: list[list[int]], size: int) -> torc
     return torch.tensor(sorted(common + rest[: size - len(common)]))
 
 
-def _checkpoint(path: Path, head: torch.nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
+def taps(spec: str | None, num_layers: int) -> tuple[int, ...]:
+    """`--taps`: three layer ids of the target (vLLM's count), or vLLM's default."""
+    if not spec:
+        return default_aux_layers(num_layers)
+    try:
+        ids = tuple(int(x) for x in spec.split(","))
+    except ValueError:
+        ids = ()
+    if len(ids) != 3 or not all(0 <= i < num_layers for i in ids):
+        raise SpecserveError(f"--taps: three layer ids in 0..{num_layers - 1}, got {spec!r}")
+    return ids
+
+
+def _checkpoint(
+    path: Path, head: ht.Eagle3Head, opt: torch.optim.Optimizer, step: int, tokens: int
+) -> None:
     tmp = path.with_suffix(".tmp")
+    state = {"step": step, "tokens": tokens, "d2t": head.d2t.clone()}
+    state["taps"] = list(head.cfg.aux_layers)
     torch.save({"head": head.state_dict(), "opt": opt.state_dict(), **state}, tmp)
     tmp.replace(path)  # a run killed mid-write keeps the last whole checkpoint
 
@@ -227,12 +267,14 @@ def train(
         cut = max(1, min(len(seqs) // 10, HELD_OUT))
         held, seqs = [(s, 0) for s in seqs[:cut]], seqs[cut:]
     ckpt = out / "checkpoint.pt"
-    layers = default_aux_layers(target.cfg.num_layers)
     size = min(args.draft_vocab, target.cfg.vocab_size)
     saved = torch.load(ckpt, weights_only=False) if ckpt.exists() else None
+    # a resumed head keeps the layers it was started on
+    layers = tuple(saved["taps"]) if saved else taps(args.taps, target.cfg.num_layers)
     ids = saved["d2t"] if saved else draft_vocab(target, seqs, size)
-    head = ht.new_head(target, ids, args.norm_before_residual)
-    opt = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0)
+    head = ht.new_head(target, ids, args.norm_before_residual, layers)
+    # fused: one pass over all parameters rather than a loop of small ops per tensor
+    opt = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, fused=True)
     if saved:
         head.load_state_dict(saved["head"])
         opt.load_state_dict(saved["opt"])
@@ -267,10 +309,9 @@ def train(
             bar.update(1)
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
             if time.monotonic() - last_save > 120:
-                state = {"step": step, "tokens": tokens, "d2t": head.d2t.clone()}
-                _checkpoint(ckpt, head, opt, state)
+                _checkpoint(ckpt, head, opt, step, tokens)
                 last_save = time.monotonic()
-    _checkpoint(ckpt, head, opt, {"step": step, "tokens": tokens, "d2t": head.d2t.clone()})
+    _checkpoint(ckpt, head, opt, step, tokens)
     test_rows = [ht.target_rows(target, s, layers, start) for s, start in held]
     report = {"steps": step, "tokens": tokens, **evaluate(head, target, test_rows, args.steps)}
     if len(losses) >= 20:  # this run's first and last ten steps
@@ -327,7 +368,7 @@ def main(args: argparse.Namespace) -> None:
     seqs: list[list[int]] = []
     held: list[tuple[list[int], int]] | None = None
     if "answers" in kinds:
-        own = answers(loaded, args.answers, args.answer_tokens, args.seed)
+        own = cached_answers(loaded, args.model, args.answers, args.answer_tokens, args.seed)
         cut = max(1, min(len(own) // 8, HELD_OUT // 2))
         # whole answers are held out, scored from their reply's first draft on
         held = [(p + r, max(0, len(p) - 2)) for p, r in own[:cut]]

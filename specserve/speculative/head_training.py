@@ -36,12 +36,15 @@ from specserve.models.registry import LanguageModel
 
 
 def new_head(
-    target: LanguageModel, draft_ids: torch.Tensor, norm_before_residual: bool = False
+    target: LanguageModel,
+    draft_ids: torch.Tensor,
+    norm_before_residual: bool = False,
+    aux: tuple[int, ...] | None = None,
 ) -> Eagle3Head:
     """A head shaped like one of the target's layers, started where drafting is easiest: it
     reads the highest tapped layer and speaks through the target's final norm and LM head.
     norm_before_residual: its residual stream starts from the normed input state (see
-    models/eagle3.py), not the raw one."""
+    models/eagle3.py), not the raw one. aux: the target layers tapped (default vLLM's)."""
     t: ModelConfig = target.cfg
     layer = ModelConfig(
         arch="llama",
@@ -56,15 +59,16 @@ def new_head(
         rms_norm_eps=t.rms_norm_eps,
         rope_theta=t.rope_theta,
     )
-    aux = default_aux_layers(t.num_layers)
+    aux = aux or default_aux_layers(t.num_layers)
     cfg = Eagle3Config(layer, len(draft_ids), t.hidden_size, aux, norm_before_residual)
+    top = max(range(len(aux)), key=aux.__getitem__)
     head = Eagle3Head(cfg)
     h = t.hidden_size
     with torch.no_grad():
         for name, p in head.named_parameters():
             p.copy_(torch.ones_like(p) if "norm" in name else torch.randn_like(p) * 0.02)
         head.fc.weight.zero_()
-        head.fc.weight[:, 2 * h :] = torch.eye(h)
+        head.fc.weight[:, top * h : (top + 1) * h] = torch.eye(h)
         head.attn.o.weight.mul_(0.1)
         head.mlp.down.weight.mul_(0.1)
         head.norm.weight.copy_(target.norm.weight.float())

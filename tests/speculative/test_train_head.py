@@ -8,6 +8,7 @@ import argparse
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from specserve.bench import train_head
@@ -15,6 +16,7 @@ from specserve.engine.engine import Engine
 from specserve.engine.request import Request
 from specserve.engine.runner import ModelRunner
 from specserve.engine.sampling import SamplingParams
+from specserve.errors import SpecserveError
 from specserve.loading.eagle3 import load_eagle3
 from specserve.loading.model import LoadedModel
 from specserve.speculative import head_training as ht
@@ -201,3 +203,51 @@ def test_feature_weight_trains_step_zero_toward_the_next_state(  # noqa: ANN201
                 losses.append(ht.feature_loss(ht.unrolled(head, model.embed, rows, 1)))
         gap[weight] = float(torch.stack([x for x in losses if x is not None]).mean())
     assert gap["3"] < 0.8 * gap["0"], gap
+
+
+def test_taps_choose_the_layers_read_and_a_resumed_run_keeps_them(  # noqa: ANN201
+    target,  # noqa: ANN001
+    tmp_path: Path,
+):
+    """`--taps` picks the target layers the head reads; fc starts as the identity on the
+    highest of them; the saved head names them; a resume keeps the first run's."""
+    model = nearly_bigram(target).float()
+    top = model.cfg.num_layers - 1
+    head = ht.new_head(model, torch.arange(100), aux=(top, 0, 1))
+    h = model.cfg.hidden_size
+    assert torch.equal(head.fc.weight[:, :h], torch.eye(h))
+    assert not head.fc.weight[:, h:].any()
+    loaded = LoadedModel(model, None, tmp_path / "tiny")
+    seqs = _own_text(model, n=4, length=16)
+    far = time.monotonic() + 600
+    argv = ["--max-steps", "2", "--taps", f"0,1,{top}"]
+    train_head.train(loaded, list(seqs), tmp_path, _args(argv=argv), far)
+    assert load_eagle3(tmp_path, model.cfg, torch.float32).cfg.aux_layers == (0, 1, top)
+    argv = ["--max-steps", "4", "--taps", "0,0,0"]  # ignored: the checkpoint's win
+    train_head.train(loaded, list(seqs), tmp_path, _args(argv=argv), far)
+    assert load_eagle3(tmp_path, model.cfg, torch.float32).cfg.aux_layers == (0, 1, top)
+    for bad in (f"0,1,{top + 1}", "0,1", "a,b,c"):
+        with pytest.raises(SpecserveError, match="--taps"):
+            train_head.taps(bad, model.cfg.num_layers)
+
+
+def test_answers_are_made_once_and_read_back(  # noqa: ANN201
+    target,  # noqa: ANN001
+    tmp_path: Path,
+    monkeypatch,  # noqa: ANN001
+):
+    """A second run with the same model, count, length and seed decodes nothing."""
+    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path))
+    made = []
+
+    def fake(loaded, n, max_tokens, seed):  # noqa: ANN001, ANN202
+        made.append(n)
+        return [([1, 2], [3, 4, seed])] * n
+
+    monkeypatch.setattr(train_head, "answers", fake)
+    loaded = LoadedModel(nearly_bigram(target).float(), None, tmp_path / "tiny")
+    first = train_head.cached_answers(loaded, "tiny", 3, 8, 5)
+    again = train_head.cached_answers(loaded, "tiny", 3, 8, 5)
+    other = train_head.cached_answers(loaded, "tiny", 3, 8, 6)
+    assert first == again == [([1, 2], [3, 4, 5])] * 3 and other[0][1] == [3, 4, 6]
+    assert made == [3, 3]
