@@ -44,6 +44,7 @@ ASKS = ["Write a Python function for {}.", "Explain {} to a beginner.",
         "What are common mistakes with {}?", "Write a test for {} with pytest."]  # fmt: skip
 
 
+EVAL_DEPTH = 4  # draft positions scored, however deep the training unrolled
 HELD_OUT = 64  # most held-out sequences: each costs a target forward at the end
 STDLIB_TOKENS = 400_000  # a cap on tokenizing time at the start; a run sees fewer
 
@@ -52,23 +53,29 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="the target (name, .gguf or HF folder)")
     p.add_argument("--out", default=None, help="where the head goes (default: the cache's heads/)")
     p.add_argument("--minutes", type=float, default=120.0, help="time budget, all included")
-    p.add_argument("--data", default="answers,stdlib", help="answers and/or stdlib")
+    p.add_argument("--data", default="answers", help="answers and/or stdlib")
     p.add_argument(
         "--answers",
         type=int,
-        default=256,
+        default=900,
         help="self-distilled answers to make (the held-out set is cut from them)",
     )
     p.add_argument("--answer-tokens", type=int, default=256, help="tokens per answer")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per training sequence")
-    p.add_argument("--steps", type=int, default=4, help="training-time-test depth")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=1,
+        help="training-time-test depth (on a short budget deeper steps cost the first "
+        "position its accuracy: docs/perf/2026-11-27-eagle3-taps.md)",
+    )
     p.add_argument(
         "--draft-vocab",
         type=int,
         default=16000,
         help="draft vocabulary size (its LM head is most of a step's cost)",
     )
-    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument(
         "--norm-before-residual",
         action="store_true",
@@ -313,7 +320,8 @@ def train(
                 last_save = time.monotonic()
     _checkpoint(ckpt, head, opt, step, tokens)
     test_rows = [ht.target_rows(target, s, layers, start) for s, start in held]
-    report = {"steps": step, "tokens": tokens, **evaluate(head, target, test_rows, args.steps)}
+    depth = max(args.steps, EVAL_DEPTH)
+    report = {"steps": step, "tokens": tokens, **evaluate(head, target, test_rows, depth)}
     if len(losses) >= 20:  # this run's first and last ten steps
         report["loss_first"], report["loss_last"] = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
     save_eagle3(head, out)

@@ -79,7 +79,7 @@ def test_train_resume_save_and_draft(target, tmp_path: Path) -> None:  # noqa: A
     far = time.monotonic() + 600
     first = train_head.train(loaded, list(seqs), tmp_path, _args(argv=["--max-steps", "30"]), far)
     assert first["steps"] == 30 and 0.0 <= first["top1"] <= 1.0
-    assert len(first["per_position"]) == 3
+    assert len(first["per_position"]) == train_head.EVAL_DEPTH
     again = train_head.train(loaded, list(seqs), tmp_path, _args(argv=["--max-steps", "60"]), far)
     assert again["steps"] == 60  # resumed from the checkpoint's 30
     assert first["loss_last"] < first["loss_first"]  # it learns
@@ -193,7 +193,7 @@ def test_feature_weight_trains_step_zero_toward_the_next_state(  # noqa: ANN201
         out.mkdir()
         argv = ["--max-steps", "60", "--lr", "1e-3", "--feature-weight", weight]
         report = train_head.train(loaded, list(seqs), out, _args(argv=argv), far)
-        assert len(report["step_repeats"]) == 2  # steps 1 and 2 against the step before
+        assert len(report["step_repeats"]) == 3  # steps 1-3 against the step before
         assert all(0.0 <= r <= 1.0 for r in report["step_repeats"])
         head = load_eagle3(out, model.cfg, torch.float32)
         with torch.no_grad():
