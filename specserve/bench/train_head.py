@@ -27,10 +27,10 @@ from specserve.engine.request import Request
 from specserve.engine.runner import ModelRunner
 from specserve.engine.sampling import SamplingParams
 from specserve.errors import SpecserveError
-from specserve.loading.eagle3 import own_head_name, save_eagle3
+from specserve.loading.eagle3 import model_stem, own_head_name, save_eagle3
 from specserve.loading.model import LoadedModel, load_model
 from specserve.loading.sources import cache_dir
-from specserve.models.eagle3 import default_aux_layers
+from specserve.models.eagle3 import default_aux_layers, taps_fit
 from specserve.models.registry import LanguageModel
 from specserve.speculative import head_training as ht
 
@@ -128,8 +128,7 @@ def cached_answers(
 ) -> list[tuple[list[int], list[int]]]:
     """`answers`, kept in the cache beside the heads: a resumed or repeated run with the same
     model, count, length and seed reads them back instead of decoding them again."""
-    name = f"{own_head_name(model).removesuffix('-eagle3')}-{n}x{max_tokens}-{seed}.json"
-    path = cache_dir() / "head-answers" / name
+    path = cache_dir() / "head-answers" / f"{model_stem(model)}-{n}x{max_tokens}-{seed}.json"
     if path.exists():
         return [(p, r) for p, r in json.loads(path.read_text())]
     made = answers(loaded, n, max_tokens, seed)
@@ -205,7 +204,7 @@ def taps(spec: str | None, num_layers: int) -> tuple[int, ...]:
         ids = tuple(int(x) for x in spec.split(","))
     except ValueError:
         ids = ()
-    if len(ids) != 3 or not all(0 <= i < num_layers for i in ids):
+    if not taps_fit(ids, num_layers):
         raise SpecserveError(f"--taps: three layer ids in 0..{num_layers - 1}, got {spec!r}")
     return ids
 
@@ -214,8 +213,7 @@ def _checkpoint(
     path: Path, head: ht.Eagle3Head, opt: torch.optim.Optimizer, step: int, tokens: int
 ) -> None:
     tmp = path.with_suffix(".tmp")
-    state = {"step": step, "tokens": tokens, "d2t": head.d2t.clone()}
-    state["taps"] = list(head.cfg.aux_layers)
+    state = {"step": step, "tokens": tokens, "d2t": head.d2t.clone(), "taps": head.cfg.aux_layers}
     torch.save({"head": head.state_dict(), "opt": opt.state_dict(), **state}, tmp)
     tmp.replace(path)  # a run killed mid-write keeps the last whole checkpoint
 

@@ -32,7 +32,7 @@ from specserve.loading.gguf import metadata, open_gguf, unpermute_rope
 from specserve.loading.hf import _rope
 from specserve.loading.sources import cache_dir
 from specserve.models.config import ModelConfig
-from specserve.models.eagle3 import Eagle3Config, Eagle3Head, default_aux_layers
+from specserve.models.eagle3 import Eagle3Config, Eagle3Head, default_aux_layers, taps_fit
 
 # the decoder layer's HF names (after its prefix) -> ours in Eagle3Head
 _HF_LAYER = {
@@ -80,8 +80,13 @@ def own_head_name(model: str | os.PathLike[str]) -> str:
     """The name `train-head` gives a model's head in the cache: <model>-eagle3, <model>
     being a model's name (dots kept: qwen2.5-coder-0.5b), a GGUF file's stem or a folder's
     name."""
+    return f"{model_stem(model)}-eagle3"
+
+
+def model_stem(model: str | os.PathLike[str]) -> str:
+    """A model's name, a GGUF file's stem or a folder's name (dots kept)."""
     path = Path(model)
-    return f"{path.stem if path.suffix == '.gguf' else path.name}-eagle3"
+    return path.stem if path.suffix == ".gguf" else path.name
 
 
 def has_own_head(model: str | os.PathLike[str]) -> bool:
@@ -236,7 +241,7 @@ def check_head(cfg: Eagle3Config, target: ModelConfig, where: str) -> None:
         problems.append(
             f"its draft vocabulary ({cfg.draft_vocab_size}) is larger than the target's"
         )
-    if len(cfg.aux_layers) != 3 or not all(0 <= i < target.num_layers for i in cfg.aux_layers):
+    if not taps_fit(cfg.aux_layers, target.num_layers):
         problems.append(
             f"it taps layers {list(cfg.aux_layers)}, the target has 0..{target.num_layers - 1}"
         )

@@ -54,6 +54,11 @@ def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
     return (min(2, num_layers - 1), num_layers // 2, max(0, num_layers - 3))
 
 
+def taps_fit(layers: tuple[int, ...], num_layers: int) -> bool:
+    """Whether `layers` are three layer ids a target of `num_layers` layers can tap."""
+    return len(layers) == 3 and all(0 <= i < num_layers for i in layers)
+
+
 class Eagle3Head(nn.Module):
     def __init__(self, cfg: Eagle3Config) -> None:
         super().__init__()
