@@ -229,6 +229,7 @@ class Session:
         settings = EngineSettings(
             model=model,
             dtype=a.dtype,
+            weights=a.weights,
             # room for the prompt, the answer and one last verification
             ctx_size=len(prompt) + n + a.draft_max + 8,
             spec_types=types,

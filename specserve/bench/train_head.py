@@ -70,6 +70,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "position its accuracy: docs/perf/2026-11-27-eagle3-taps.md)",
     )
     p.add_argument(
+        "--step-weights",
+        default=None,
+        help="each unrolled step's loss weight, e.g. 1,0.3 with --steps 2: a second step "
+        "learnt on a resumed head while costing the first little (default: alike)",
+    )
+    p.add_argument(
         "--draft-vocab",
         type=int,
         default=16000,
@@ -249,6 +255,22 @@ def evaluate(
     }
 
 
+def weights_of_steps(spec: str | None, steps: int) -> list[float] | None:
+    """--step-weights "1,0.3" -> [1.0, 0.3], one per unrolled step (None: steps alike)."""
+    if spec is None:
+        return None
+    try:
+        weights = [float(w) for w in spec.split(",")]
+    except ValueError:
+        weights = []
+    if len(weights) != steps or min(weights) < 0 or not any(weights):
+        raise SpecserveError(
+            f"--step-weights: {steps} comma-separated weights >= 0 (one per --steps), "
+            f"not all 0; got {spec!r}"
+        )
+    return weights
+
+
 def lr_scale(step: int, done: float, warmup: int = 50) -> float:
     """Linear warmup, then a cosine from 1 to 0.1 as the budget (`done`, 0..1) is spent."""
     return min(1.0, (step + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(done, 1.0))))
@@ -284,10 +306,12 @@ def train(
         head.load_state_dict(saved["head"])
         opt.load_state_dict(saved["opt"])
     step, tokens = (saved["step"], saved["tokens"]) if saved else (0, 0)
+    start = step  # a resumed run's learning rate follows its own budget, from warm again
     t2d = torch.full((target.cfg.vocab_size,), -1, dtype=torch.long)
     t2d[head.d2t] = torch.arange(len(head.d2t))
     warmup = max(1, min(50, args.max_steps // 10)) if args.max_steps else 50
     seen = RowCache(int(args.row_cache_gb * 2**30))
+    step_weights = weights_of_steps(args.step_weights, args.steps)
 
     def label(i: int) -> ht.TargetRows:
         return ht.target_rows(target, seqs[i], layers, top=args.soft_top)
@@ -296,12 +320,12 @@ def train(
     losses: list[float] = []
     with tqdm(desc="train-head", unit="seq", initial=step) as bar:
         while time.monotonic() < deadline and seqs and not _enough(step, args.max_steps):
-            done = _done(step, args.max_steps, t0, deadline)
+            done = _done(step - start, args.max_steps - start, t0, deadline)
             for group in opt.param_groups:
-                group["lr"] = args.lr * lr_scale(step, done, warmup)
+                group["lr"] = args.lr * lr_scale(step - start, done, warmup)
             rows = seen.get(step % len(seqs), label)
             u = ht.unrolled(head, target.embed, rows, args.steps)
-            loss = ht.ttt_loss(head, t2d, u.pairs, rows)
+            loss = ht.ttt_loss(head, t2d, u.pairs, rows, step_weights)
             feature = ht.feature_loss(u) if args.feature_weight > 0 else None
             if feature is not None:
                 loss = loss + args.feature_weight * feature

@@ -20,6 +20,7 @@ from specserve.loading.eagle3 import load_eagle3, own_head_name
 from specserve.loading.model import LoadedModel, load_model
 from specserve.models.eagle3 import Eagle3Head
 from specserve.models.layers.invariant import make_batch_invariant
+from specserve.models.size import step_bytes
 from specserve.speculative.base import Speculator
 from specserve.speculative.cost import ForwardCost
 from specserve.speculative.registry import build_speculator, parse_types
@@ -79,12 +80,6 @@ def check_same_vocab(target: LoadedModel, draft: LoadedModel) -> None:
             f"draft model {draft.path.name} has another vocabulary than the target "
             f"({dv} vs {tv} tokens, or different ids); pick a draft from the same family"
         )
-
-
-def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of weights a forward reads (quantized layers keep theirs in buffers)."""
-    tensors = [*model.parameters(), *model.buffers()]
-    return sum(t.numel() * t.element_size() for t in {id(t): t for t in tensors}.values())
 
 
 def load(s: EngineSettings, spec: str, progress: bool) -> LoadedModel:
@@ -159,7 +154,7 @@ def _speculator(
     mem = runner.memory
     draft_runner = ModelRunner(draft.model, mem.num_slots, mem.max_len, rollback="checkpoint")
     # decoding is memory-bound: a draft forward costs about its share of weight bytes
-    cost = weight_bytes(draft.model) / weight_bytes(target.model)
+    cost = step_bytes(draft.model) / step_bytes(target.model)
     return build_speculator(
         s.spec_types,
         draft_runner,
@@ -173,4 +168,4 @@ def _speculator(
 def _eagle3_head(s: EngineSettings, target: LoadedModel, runner: ModelRunner) -> Eagle3Head:
     """The head --draft-head (or --draft-model, alone) names, else the model's own."""
     name = s.draft_head or own_head_name(s.model)
-    return load_eagle3(name, target.cfg, runner.dtype, runner.device)
+    return load_eagle3(name, target.cfg, runner.dtype, runner.device, s.weights)

@@ -30,6 +30,7 @@ import torch
 from specserve.errors import SpecserveError
 from specserve.loading.gguf import metadata, open_gguf, unpermute_rope
 from specserve.loading.hf import _rope
+from specserve.loading.model import quantize_floats
 from specserve.loading.sources import cache_dir
 from specserve.models.config import ModelConfig
 from specserve.models.eagle3 import Eagle3Config, Eagle3Head, default_aux_layers, taps_fit
@@ -254,8 +255,11 @@ def load_eagle3(
     target: ModelConfig,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
+    weights: str = "dequant",
 ) -> Eagle3Head:
-    """An EAGLE-3 head (a path, or a name in the cache) for a target of config `target`."""
+    """An EAGLE-3 head (a path, or a name in the cache) for a target of config `target`;
+    weights: the target's --weights, so that a draft step reads as few bytes per weight as
+    a target step (a float32 head beside int8 weights cost a quarter of a step)."""
     path = resolve_head(spec)
     reader = read_gguf_head if path.suffix == ".gguf" else read_hf_head
     cfg, tensors = reader(path, target)
@@ -271,7 +275,7 @@ def load_eagle3(
     if missing or unexpected:
         raise SpecserveError(f"EAGLE-3 head {path}: missing {missing}, unexpected {unexpected}")
     head.d2t = d2t.long()
-    return head.to(dtype=dtype, device=device).eval()
+    return quantize_floats(head.to(device=device), weights, dtype, device).eval()
 
 
 def save_eagle3(head: Eagle3Head, folder: Path) -> None:

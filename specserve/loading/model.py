@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from tqdm import tqdm
@@ -23,12 +24,19 @@ from specserve.models.layers.embedding import QuantizedEmbedding, QuantizedTable
 from specserve.models.layers.lowbit import LowbitLinear
 from specserve.models.layers.lowbit_fused import fuse_lowbit
 from specserve.models.layers.packed import pack_linears
-from specserve.models.layers.quant import WEIGHT_MODES, Int4Linear, Int8Linear, auto_mode
+from specserve.models.layers.quant import (
+    WEIGHT_MODES,
+    Int4Linear,
+    Int8Linear,
+    auto_mode,
+    swap_linears,
+)
 from specserve.models.registry import LanguageModel
 from specserve.ops.cpu.build import available as lowbit_available
 from specserve.ops.cpu.build import problem as lowbit_problem
 from specserve.trim import release_freed_memory
 
+M = TypeVar("M", bound=torch.nn.Module)
 log = logging.getLogger(__name__)
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -205,6 +213,18 @@ def _cast_floats(model: torch.nn.Module, dtype: torch.dtype) -> None:
             keep32 = dtype.itemsize < 4 and keeps_precision(f"{name}.{pname}")
             if p.is_floating_point() and not keep32:
                 p.data = p.data.to(dtype)
+
+
+def quantize_floats(module: M, weights: str, compute: torch.dtype, device: torch.device | str) -> M:
+    """A float32 module's linears on --weights' kernels, the rest cast to `compute` (its
+    weights have no GGUF types, so auto means int8). Where no quantized kernel runs (dequant,
+    float64, off the CPU) it is only cast."""
+    if weights == "dequant" or compute == torch.float64 or torch.device(device).type != "cpu":
+        return module.to(dtype=compute)
+    mode = "int8" if weights == "auto" else weights
+    swap_linears(module, linear_modes(module, mode, {}), _use_lowbit(compute, device))
+    _cast_floats(module, compute)
+    return module
 
 
 def load_model(

@@ -82,9 +82,12 @@ class Eagle3Head(nn.Module):
         self.register_buffer("d2t", torch.arange(cfg.draft_vocab_size))
         self.embed: nn.Embedding | None = None  # the head's own table, if its weights have one
 
-    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
-        p, lc = self.fc.weight, self.cfg.layer
-        return KVCache(1, num_slots, max_len, lc.num_kv_heads, lc.head_dim, p.dtype, p.device)
+    def new_cache(self, num_slots: int, max_len: int, dtype: torch.dtype | None = None) -> KVCache:
+        """dtype: the activations' (default: the norms', which quantized linears leave float,
+        but which stay float32 under 16-bit activations)."""
+        p, lc = self.norm.weight, self.cfg.layer
+        dtype = dtype or p.dtype
+        return KVCache(1, num_slots, max_len, lc.num_kv_heads, lc.head_dim, dtype, p.device)
 
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
         """The target's tapped states [T, 3 * H_target] -> the head's input state [T, H]."""

@@ -18,6 +18,8 @@ import torch
 
 from specserve.batch import FlatBatch
 from specserve.models.eagle3 import Eagle3Head
+from specserve.models.layers.embedding import rows_dtype_device
+from specserve.models.size import step_bytes
 from specserve.speculative.base import DraftRequest
 from specserve.speculative.mtp import HiddenSource, HiddenStateDrafter, SlotMemory
 
@@ -32,15 +34,6 @@ class Eagle3Target(HiddenSource, Protocol):
     def memory(self) -> SlotMemory: ...
 
     def tap_layers(self, layers: tuple[int, ...]) -> None: ...
-
-
-def step_bytes(module: torch.nn.Module) -> int:
-    """Bytes of weights one decode step reads: all but the embedding table, whose rows are
-    looked up (an LM head tied to it counts: it is read whole)."""
-    named = module.named_parameters(remove_duplicate=False)
-    seen: dict[int, torch.Tensor] = {id(p): p for n, p in named if not n.startswith("embed.")}
-    seen.update({id(b): b for n, b in module.named_buffers() if b.is_floating_point()})
-    return sum(p.numel() * p.element_size() for p in seen.values())
 
 
 class Eagle3Speculator(HiddenStateDrafter):
@@ -59,12 +52,13 @@ class Eagle3Speculator(HiddenStateDrafter):
         cost = relative_cost
         if cost is None:
             cost = step_bytes(head) / max(1, step_bytes(model))
-        super().__init__(target, head.new_cache(mem.num_slots, mem.max_len), cost, sample_drafts)
+        self.embed = head.embed if head.embed is not None else model.embed
+        dtype, self.device = rows_dtype_device(self.embed)
+        cache = head.new_cache(mem.num_slots, mem.max_len, dtype)
+        super().__init__(target, cache, cost, sample_drafts)
         target.tap_layers(head.cfg.aux_layers)
         self.head, self.model = head, model
-        self.embed = head.embed if head.embed is not None else model.embed
         self.vocab_size = int(model.cfg.vocab_size)
-        self.device = head.fc.weight.device
 
     def _catch_up(self, req: DraftRequest) -> tuple[list[int], torch.Tensor]:
         tokens, aux = super()._catch_up(req)

@@ -21,6 +21,7 @@ a state that still points at step 0's own token.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -204,12 +205,14 @@ def ttt_loss(
     t2d: torch.Tensor,
     pairs: list[tuple[torch.Tensor, torch.Tensor]],
     rows: TargetRows | None = None,
+    weights: Sequence[float] | None = None,
 ) -> torch.Tensor:
     """Cross-entropy of every unrolled step against the target in the draft vocabulary
-    (t2d: target id -> draft id, -1 outside it), steps weighted alike: against the target's
-    distribution where `rows` holds its top tokens (EAGLE-3's soft labels, which say more
-    per row than the argmax alone), else against its argmax (labels outside are skipped)."""
-    losses = []
+    (t2d: target id -> draft id, -1 outside it): against the target's distribution where
+    `rows` holds its top tokens (EAGLE-3's soft labels, which say more per row than the
+    argmax alone), else against its argmax (labels outside are skipped). Steps are weighted
+    alike (their mean), or step j by weights[j]."""
+    losses, scale = [], []  # each step's loss and its weight
     for j, (logits, labels) in enumerate(pairs):
         if rows is not None and rows.soft_ids is not None and rows.soft_p is not None:
             at = slice(1 + j, 1 + j + logits.shape[0])
@@ -218,7 +221,11 @@ def ttt_loss(
             loss = _hard_cross_entropy(logits, t2d[labels])
         if loss is not None:
             losses.append(loss)
-    return torch.stack(losses).mean() if losses else torch.zeros((), requires_grad=True)
+            scale.append(weights[j] if weights is not None else 1.0)
+    if not losses:
+        return torch.zeros((), requires_grad=True)
+    total = torch.stack([w * loss for w, loss in zip(scale, losses, strict=True)]).sum()
+    return total if weights is not None else total / len(losses)
 
 
 def _hard_cross_entropy(logits: torch.Tensor, draft: torch.Tensor) -> torch.Tensor | None:

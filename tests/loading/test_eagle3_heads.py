@@ -100,3 +100,33 @@ def test_a_saved_head_keeps_its_residual_form(tmp_path: Path, target) -> None:  
     save_eagle3(head, tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["norm_before_residual"] is True
     assert load_eagle3(tmp_path, target.cfg, torch.float64).cfg.norm_before_residual
+
+
+@pytest.mark.parametrize("weights", ["int8", "auto"])
+def test_a_head_beside_quantized_weights_is_quantized_too(
+    weights: str,
+    tmp_path: Path,
+    target,  # noqa: ANN001
+) -> None:
+    """A head is served on the target's --weights kernels, so its step reads about a quarter
+    of the bytes a float32 one does; its logits stay those of the float head."""
+    from specserve.models.size import step_bytes
+
+    save_eagle3(random_head(target.cfg, draft_vocab=96, seed=3), tmp_path)
+    plain = load_eagle3(tmp_path, target.cfg, torch.float32)
+    quant = load_eagle3(tmp_path, target.cfg, torch.float32, "cpu", weights)
+    assert not any(type(m) is torch.nn.Linear for m in quant.modules())
+    assert any(type(m) is torch.nn.Linear for m in plain.modules())
+    assert 0.2 * step_bytes(plain) < step_bytes(quant) < 0.35 * step_bytes(plain)
+    assert load_eagle3(tmp_path, target.cfg, torch.float64, "cpu", weights).fc.weight.dtype == (
+        torch.float64  # no quantized kernel for float64: the head stays as the target does
+    )
+    x = torch.randn(6, 3 * target.cfg.hidden_size, generator=torch.Generator().manual_seed(0))
+    e = torch.randn(6, target.cfg.hidden_size, generator=torch.Generator().manual_seed(1))
+    want, got = (
+        h.target_logits(h.layer(e, h.fuse(x), h.attn.v)[0], target.cfg.vocab_size)
+        for h in (plain, quant)
+    )
+    kept = want.isfinite()
+    assert torch.equal(kept, got.isfinite())
+    assert torch.nn.functional.cosine_similarity(want[kept], got[kept], dim=0) > 0.99
