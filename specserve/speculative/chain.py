@@ -9,8 +9,8 @@ r_i is the drafter's acceptance at position i for this slot, cost(k) what verify
 costs on this machine (speculative/cost.py), c the drafter's own cost per token in target
 forwards, and the 1s are the target's own token and step. No draft is worth 1. Cheap
 drafters are asked first; a costly one (a draft model) is asked only for slots where it
-could beat the best draft so far. Between drafts already made, drafting is paid for, so
-only verification counts.
+could beat the best draft so far, or now and then to keep its rates current (REVISIT).
+Between drafts already made, drafting is paid for, so only verification counts.
 """
 
 from __future__ import annotations
@@ -80,9 +80,7 @@ class ChainSpeculator(Speculator):
             self._chosen.pop(r.slot, None)
         for child in self.children:
             costly = child.relative_cost > 0
-            asks = [
-                r for r in requests if not costly or child.worth.best_value(r) > best[r.slot][0]
-            ]
+            asks = [r for r in requests if not costly or child.worth.may_ask(r, best[r.slot][0])]
             if not asks:
                 continue
             for req, d in zip(asks, child.draft(asks), strict=True):

@@ -14,7 +14,8 @@
    (rates.py) and c the drafter's own cost per token in target forwards (a draft model;
    0 for a lookup); no draft is worth 1. A drafter that pays per token is asked for the
    length worth the most with its drafting counted, and not at all where none is worth
-   MIN_GAIN (but a few times while its rates are unknown: EXPLORE). What it drafts is then
+   MIN_GAIN (but a few times while its rates are unknown, EXPLORE, and now and then after,
+   REVISIT, so that the rates follow the text). What it drafts is then
    cut to the length worth the most to verify, drafting being paid by then, or dropped
    where no length is worth MIN_GAIN.
 
@@ -44,6 +45,11 @@ MIN_GAIN = 1.05
 # draft model for the 1.5B target (a third of a step per token) was never asked, so its
 # real rates were never learnt
 EXPLORE = 4
+# a costly drafter judged not worth asking is still asked for one token every REVISIT-th
+# time: unasked, it would never learn that the text changed (a server whose first requests
+# were prose would never ask the head again for code); its draft teaches its first token
+# whether verified or not (rates.py), for 1/REVISIT of its drafting cost
+REVISIT = 16
 
 
 class DraftBudget:
@@ -84,6 +90,8 @@ class DraftWorth:
     def __init__(self, drafter: Speculator) -> None:
         self.drafter = drafter
         self.explored = 0  # asks made against the estimate, to learn the rates (EXPLORE)
+        self.declined = 0  # asks not made since the last revisit (REVISIT)
+        self._revisits: set[int] = set()  # slots a chain asks this drafter on to revisit
 
     def values(
         self, req: DraftRequest, n: int, draft_cost: float = 0.0, tier: int = 0
@@ -108,6 +116,9 @@ class DraftWorth:
         draft_cost = self.drafter.relative_cost
         if draft_cost == 0 or req.cost is None:
             return req.n_max
+        if req.slot in self._revisits:
+            self._revisits.discard(req.slot)
+            return 1
         values = self.values(req, req.n_max, draft_cost)
         best = _best_length(values)
         if best and values[best] >= MIN_GAIN:
@@ -116,7 +127,25 @@ class DraftWorth:
         if best and untried and self.explored < EXPLORE:  # the count: asks can come to nothing
             self.explored += 1
             return 1
-        return None
+        return 1 if best and self._revisit_due() else None
+
+    def may_ask(self, req: DraftRequest, beat: float) -> bool:
+        """Whether a chain holding a draft worth `beat` for req's slot asks this drafter: if
+        it could do better, and now and then where it could not (REVISIT)."""
+        if self.best_value(req) > beat:
+            return True
+        if req.n_max > 0 and self._revisit_due():
+            self._revisits.add(req.slot)
+            return True
+        return False
+
+    def _revisit_due(self) -> bool:
+        """One more ask declined; True (and the count starts over) at every REVISIT-th."""
+        self.declined += 1
+        if self.declined < REVISIT:
+            return False
+        self.declined = 0
+        return True
 
     def cut_length(self, req: DraftRequest, d: Draft) -> int:
         """The length of `d` worth verifying, 0 if none is worth MIN_GAIN (whole when rows

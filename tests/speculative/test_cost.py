@@ -9,7 +9,7 @@ import pytest
 from specserve.speculative.base import Draft, DraftRequest, Speculator
 from specserve.speculative.chain import ChainSpeculator
 from specserve.speculative.cost import HORIZON, KEEP, MIN_SAMPLES, PRIOR_PER_ROW, ForwardCost
-from specserve.speculative.draft_length import EXPLORE
+from specserve.speculative.draft_length import EXPLORE, REVISIT
 
 
 class Fixed(Speculator):
@@ -153,6 +153,33 @@ def test_an_untried_costly_drafter_is_asked_to_learn_its_rates(kept: bool) -> No
     else:  # every draft missed: asked EXPLORE times (later asks' drafts are cut once the
         # misses show), then no more
         assert got[0] == 1 and got[EXPLORE:] == [0] * 4 and spec.asked == EXPLORE
+
+
+def _asked_while_always_right(spec: Speculator, drafter: Fixed, steps: int) -> list[int]:
+    """Per step, whether `drafter` was asked, on a text of 1s that it always foresees: a
+    verified draft adds its token and the target's, an unverified one the target's."""
+    context, asked = [0], []
+    for _ in range(steps):
+        before = drafter.asked
+        (d,) = spec.draft([DraftRequest(0, list(context), 1, cost=[1.0, 1.2])])
+        asked.append(drafter.asked - before)
+        spec.accept(0, len(d))
+        context += [1] * (len(d) + 1)
+    return asked
+
+
+@pytest.mark.parametrize("in_chain", [False, True])
+def test_a_declined_costly_drafter_is_revisited_and_learns_the_text_changed(
+    in_chain: bool,
+) -> None:
+    """Misses taught it to stop (prose); asked one token now and then, it learns that the
+    text turned predictable (code) and is asked every step again, alone or in a chain."""
+    head = Fixed([1], "head", cost=0.1)
+    teach(head, slot=0, n_accepted=0, times=30)
+    spec: Speculator = ChainSpeculator([Fixed([], "lookup"), head]) if in_chain else head
+    asked = _asked_while_always_right(spec, head, 40 * REVISIT)
+    assert asked[: REVISIT - 1] == [0] * (REVISIT - 1) and asked[REVISIT - 1] == 1
+    assert all(asked[-REVISIT:])
 
 
 def test_chain_verifies_the_draft_worth_most_and_credits_its_drafter() -> None:
