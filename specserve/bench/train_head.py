@@ -11,6 +11,7 @@ gives the acceptance curve at the end; the head is saved in SpecForge's public l
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import random
@@ -42,6 +43,20 @@ TOPICS = ["a linked list", "binary search", "a JSON parser", "an LRU cache", "CS
 ASKS = ["Write a Python function for {}.", "Explain {} to a beginner.",
         "Write a short docstring and type hints for code about {}.",
         "What are common mistakes with {}?", "Write a test for {} with pytest."]  # fmt: skip
+# a head trained on Python alone kept 28 % of a C answer's tokens against 54 % of held-out
+# Python ones (docs/perf/2026-11-27-eagle3-int8.md): other languages and prose too
+LANGUAGES = ["C", "C++", "Java", "JavaScript", "TypeScript", "Go", "Rust", "C#", "Bash", "SQL"]
+CODE_ASKS = ["Write a {lang} function for {topic}.", "Write a small {lang} program about {topic}.",
+             "Explain {topic} with a short {lang} example."]  # fmt: skip
+PROSE_TOPICS = ["a city at night", "learning to cook", "a long train journey", "the ocean",
+                "a lost letter", "a first day at work", "autumn in the mountains", "bees",
+                "a robot that paints", "a small bakery", "a rainy afternoon", "an old library",
+                "the history of tea", "a chess tournament", "moving to a new country",
+                "a garden", "the moon landing", "a thunderstorm", "friendship",
+                "a museum"]  # fmt: skip
+PROSE_ASKS = ["Write a short story about {}.", "Write a paragraph describing {}.",
+              "Write a short essay about {}.", "Write a letter to a friend about {}.",
+              "Write a poem about {}."]  # fmt: skip
 
 
 EVAL_DEPTH = 4  # draft positions scored, however deep the training unrolled
@@ -121,12 +136,20 @@ def default_out(model: str) -> Path:
 
 
 def asks(n: int, seed: int) -> list[str]:
-    """n prompts: each ask about each topic, the standard library's modules among them."""
+    """n prompts, taken in turn from three kinds so that the head sees more than one
+    language's code: each ask about each topic in Python (the standard library's modules
+    among them), code in other languages, and prose."""
     modules = sorted(p.stem for p in Path(sysconfig.get_paths()["stdlib"]).glob("[a-z]*.py"))
     topics = TOPICS + [f"Python's {m} module" for m in modules]
-    out = [a.format(t) for t in topics for a in ASKS]
-    random.Random(seed).shuffle(out)
-    return out[:n]
+    kinds = [
+        [a.format(t) for t in topics for a in ASKS],
+        [a.format(lang=g, topic=t) for t in TOPICS for g in LANGUAGES for a in CODE_ASKS],
+        [a.format(t) for t in PROSE_TOPICS for a in PROSE_ASKS],
+    ]
+    for i, kind in enumerate(kinds):
+        random.Random(seed + i).shuffle(kind)
+    mixed = [k[j] for j in range(max(map(len, kinds))) for k in kinds if j < len(k)]
+    return mixed[:n]
 
 
 def cached_answers(
@@ -134,7 +157,9 @@ def cached_answers(
 ) -> list[tuple[list[int], list[int]]]:
     """`answers`, kept in the cache beside the heads: a resumed or repeated run with the same
     model, count, length and seed reads them back instead of decoding them again."""
-    path = cache_dir() / "head-answers" / f"{model_stem(model)}-{n}x{max_tokens}-{seed}.json"
+    prompts = hashlib.sha256("\n".join(asks(n, seed)).encode()).hexdigest()[:8]
+    name = f"{model_stem(model)}-{n}x{max_tokens}-{seed}-{prompts}.json"
+    path = cache_dir() / "head-answers" / name
     if path.exists():
         return [(p, r) for p, r in json.loads(path.read_text())]
     made = answers(loaded, n, max_tokens, seed)

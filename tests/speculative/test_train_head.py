@@ -251,3 +251,33 @@ def test_answers_are_made_once_and_read_back(  # noqa: ANN201
     other = train_head.cached_answers(loaded, "tiny", 3, 8, 6)
     assert first == again == [([1, 2], [3, 4, 5])] * 3 and other[0][1] == [3, 4, 6]
     assert made == [3, 3]
+    # other prompts (a new version's ask set) are other answers, not the cached ones
+    monkeypatch.setattr(train_head, "PROSE_TOPICS", ["a well-kept secret"])
+    train_head.cached_answers(loaded, "tiny", 3, 8, 5)
+    assert made == [3, 3, 3]
+
+
+def test_the_prompts_take_python_other_languages_and_prose_in_turn() -> None:
+    asks = train_head.asks(30, seed=0)
+    assert len(set(asks)) == 30
+    prose = [a for a in asks if any(t in a for t in train_head.PROSE_TOPICS)]
+    other = [a for a in asks if any(f" {g} " in a for g in train_head.LANGUAGES)]
+    assert len(prose) == len(other) == 10  # and the rest, Python
+    assert train_head.asks(30, seed=0) == asks != train_head.asks(30, seed=1)
+
+
+def test_step_weights_weigh_each_unrolled_steps_loss(target) -> None:  # noqa: ANN001
+    model = nearly_bigram(target).float()
+    rows = ht.target_rows(model, _own_text(model, n=1)[0], (2, 1, 0))
+    head = ht.new_head(model, torch.arange(100))
+    t2d = torch.full((VOCAB,), -1, dtype=torch.long)
+    t2d[:100] = torch.arange(100)
+    pairs = ht.unrolled_logits(head, model.embed, rows, 2)
+    first, second = (ht.ttt_loss(head, t2d, [p]) for p in pairs)
+    assert torch.allclose(ht.ttt_loss(head, t2d, pairs), (first + second) / 2)
+    assert torch.allclose(ht.ttt_loss(head, t2d, pairs, weights=[1.0, 0.25]), first + second / 4)
+    assert train_head.weights_of_steps("1,0.3", 2) == [1.0, 0.3]
+    assert train_head.weights_of_steps(None, 2) is None
+    for bad in ("1", "1,x", "1,-1", "0,0"):
+        with pytest.raises(SpecserveError, match="--step-weights"):
+            train_head.weights_of_steps(bad, 2)
