@@ -87,8 +87,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--step-weights",
         default=None,
-        help="each unrolled step's loss weight, e.g. 1,0.3 with --steps 2: a second step "
-        "learnt on a resumed head while costing the first little (default: alike)",
+        help="each unrolled step's loss weight, e.g. 1,0.3 with --steps 2, the first step "
+        "weighing most (default: alike; a 13-minute resume at 1,0.3 taught no second "
+        "position: docs/perf/2026-11-27-eagle3-int8.md)",
     )
     p.add_argument(
         "--draft-vocab",
