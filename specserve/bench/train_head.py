@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -35,6 +36,7 @@ from specserve.models.eagle3 import default_aux_layers, taps_fit
 from specserve.models.registry import LanguageModel
 from specserve.speculative import head_training as ht
 
+N = TypeVar("N", int, float)
 TOPICS = ["a linked list", "binary search", "a JSON parser", "an LRU cache", "CSV files",
           "dates and time zones", "a web server", "unit tests", "regular expressions",
           "sorting algorithms", "a command-line tool", "recursion", "file paths",
@@ -232,10 +234,7 @@ def taps(spec: str | None, num_layers: int) -> tuple[int, ...]:
     """`--taps`: three layer ids of the target (vLLM's count), or vLLM's default."""
     if not spec:
         return default_aux_layers(num_layers)
-    try:
-        ids = tuple(int(x) for x in spec.split(","))
-    except ValueError:
-        ids = ()
+    ids = tuple(_numbers(spec, int))
     if not taps_fit(ids, num_layers):
         raise SpecserveError(f"--taps: three layer ids in 0..{num_layers - 1}, got {spec!r}")
     return ids
@@ -285,16 +284,22 @@ def weights_of_steps(spec: str | None, steps: int) -> list[float] | None:
     """--step-weights "1,0.3" -> [1.0, 0.3], one per unrolled step (None: steps alike)."""
     if spec is None:
         return None
-    try:
-        weights = [float(w) for w in spec.split(",")]
-    except ValueError:
-        weights = []
+    weights = _numbers(spec, float)
     if len(weights) != steps or min(weights) < 0 or not any(weights):
         raise SpecserveError(
             f"--step-weights: {steps} comma-separated weights >= 0 (one per --steps), "
             f"not all 0; got {spec!r}"
         )
     return weights
+
+
+def _numbers(spec: str, kind: Callable[[str], N]) -> list[N]:
+    """A flag's comma-separated numbers, or [] where one is not a number (the caller says
+    what it wanted)."""
+    try:
+        return [kind(x) for x in spec.split(",")]
+    except ValueError:
+        return []
 
 
 def lr_scale(step: int, done: float, warmup: int = 50) -> float:

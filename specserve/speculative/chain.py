@@ -80,7 +80,12 @@ class ChainSpeculator(Speculator):
             self._chosen.pop(r.slot, None)
         for child in self.children:
             costly = child.relative_cost > 0
-            asks = [r for r in requests if not costly or child.worth.may_ask(r, best[r.slot][0])]
+            # a revisit is due only where the child may draft at all
+            asks = [
+                r
+                for r in requests
+                if child.serves(r.types) and (not costly or child.worth.may_ask(r, best[r.slot][0]))
+            ]
             if not asks:
                 continue
             for req, d in zip(asks, child.draft(asks), strict=True):
