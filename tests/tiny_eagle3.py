@@ -83,7 +83,7 @@ def foreseeing_head(
         head.ffn_norm.weight.fill_(1.0)
         head.mlp.down.weight.zero_()
         head.norm.weight.copy_(target.norm.weight)
-        lm = target.lm_head.weight[ids].clone()
+        lm = target.lm_head.weight.detach().cpu()[ids]  # the head is made on the CPU
         head.lm_head.weight.copy_(
             lm + noise * lm.std() * torch.randn(lm.shape, generator=g, dtype=lm.dtype)
         )

@@ -22,7 +22,7 @@ from tests.loading.test_eagle3_heads import LAYOUTS
 from tests.speculative.cases_seen import CasesSeen
 from tests.speculative.test_hybrid_exactness import _models as hybrid_models
 from tests.speculative.test_hybrid_exactness import _prompts as hybrid_prompts
-from tests.tiny import VOCAB
+from tests.tiny import VOCAB, device_under_test
 from tests.tiny_eagle3 import foreseeing_head, nearly_bigram, random_head
 
 N_TOKENS = 128
@@ -40,6 +40,8 @@ def _prompts() -> list[list[int]]:
 
 def _run(model, types: str, head: Eagle3Head | None, prompts, n_max: int = 8, **runner_args):  # noqa: ANN001, ANN003, ANN201
     runner = ModelRunner(model, num_slots=len(prompts), max_len=CTX, **runner_args)
+    if head is not None:
+        head = head.to(runner.device)  # the heads are made on the CPU; the target may not be
     spec = (
         build_speculator(types.split(","), target=runner, eagle3_head=head, eagle3_cost=0.05)
         if types
@@ -90,7 +92,7 @@ def test_heads_loaded_from_each_layout_keep_greedy_exact(
 ) -> None:  # noqa: ANN001
     head = foreseeing_head(bigram, noise=0.3)
     path = LAYOUTS[layout](head, tmp_path)
-    loaded = load_eagle3(path, bigram.cfg, torch.float64)
+    loaded = load_eagle3(path, bigram.cfg, torch.float64, device_under_test())
     out, spec = _run(bigram, "eagle3", loaded, _prompts())
     assert out == reference
     assert spec is not None

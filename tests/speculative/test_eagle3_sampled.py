@@ -41,7 +41,7 @@ def sample(model, seeds: range, draft: str | None, temperature: float = 1.0):  #
     runner = ModelRunner(model, num_slots=16, max_len=32)
     spec: Speculator | None = None
     if draft is not None:
-        head = foreseeing_head(model, noise=0.6)
+        head = foreseeing_head(model, noise=0.6).to(runner.device)
         spec = build_speculator(
             ["eagle3"],
             target=runner,
