@@ -160,23 +160,29 @@ def cached_answers(
 ) -> list[tuple[list[int], list[int]]]:
     """`answers`, kept in the cache beside the heads: a resumed or repeated run with the same
     model, count, length and seed reads them back instead of decoding them again."""
-    prompts = hashlib.sha256("\n".join(asks(n, seed)).encode()).hexdigest()[:8]
-    name = f"{model_stem(model)}-{n}x{max_tokens}-{seed}-{prompts}.json"
+    questions = asks(n, seed)
+    digest = hashlib.sha256("\n".join(questions).encode()).hexdigest()[:8]
+    name = f"{model_stem(model)}-{n}x{max_tokens}-{seed}-{digest}.json"
     path = cache_dir() / "head-answers" / name
     if path.exists():
         return [(p, r) for p, r in json.loads(path.read_text())]
-    made = answers(loaded, n, max_tokens, seed)
+    made = answers(loaded, questions, max_tokens)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(made))
-    tmp.replace(path)
+    _write_whole(path, lambda tmp: tmp.write_text(json.dumps(made)))
     return made
 
 
+def _write_whole(path: Path, write: Callable[[Path], object]) -> None:
+    """write(tmp) then one rename: a run killed mid-write leaves the last whole file."""
+    tmp = path.with_suffix(".tmp")
+    write(tmp)
+    tmp.replace(path)
+
+
 def answers(
-    loaded: LoadedModel, n: int, max_tokens: int, seed: int, slots: int = 16
+    loaded: LoadedModel, questions: list[str], max_tokens: int, slots: int = 16
 ) -> list[tuple[list[int], list[int]]]:
-    """The model's own greedy replies (prompt ids, reply ids) to n prompts made here."""
+    """The model's own greedy replies (prompt ids, reply ids) to these user messages."""
     from tqdm import tqdm
 
     from specserve.engine.engine import Engine
@@ -184,7 +190,7 @@ def answers(
     tok = loaded.tokenizer
     if tok is None:
         raise SpecserveError("self-distillation needs the model's tokenizer")
-    prompts = [tok.chat([{"role": "user", "content": a}]) for a in asks(n, seed)]
+    prompts = [tok.chat([{"role": "user", "content": a}]) for a in questions]
     runner = ModelRunner(loaded.model, slots, max(map(len, prompts)) + max_tokens + 8)
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     engine = Engine(runner)
@@ -243,10 +249,9 @@ def taps(spec: str | None, num_layers: int) -> tuple[int, ...]:
 def _checkpoint(
     path: Path, head: ht.Eagle3Head, opt: torch.optim.Optimizer, step: int, tokens: int
 ) -> None:
-    tmp = path.with_suffix(".tmp")
     state = {"step": step, "tokens": tokens, "d2t": head.d2t.clone(), "taps": head.cfg.aux_layers}
-    torch.save({"head": head.state_dict(), "opt": opt.state_dict(), **state}, tmp)
-    tmp.replace(path)  # a run killed mid-write keeps the last whole checkpoint
+    full = {"head": head.state_dict(), "opt": opt.state_dict(), **state}
+    _write_whole(path, lambda tmp: torch.save(full, tmp))
 
 
 def evaluate(

@@ -240,16 +240,19 @@ def test_answers_are_made_once_and_read_back(  # noqa: ANN201
     monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path))
     made = []
 
-    def fake(loaded, n, max_tokens, seed):  # noqa: ANN001, ANN202
-        made.append(n)
-        return [([1, 2], [3, 4, seed])] * n
+    def fake(loaded, questions, max_tokens):  # noqa: ANN001, ANN202
+        made.append(len(questions))
+        return [([1, 2], [len(q), *map(ord, q[-4:])]) for q in questions]
+
+    def expected(seed: int) -> list[tuple[list[int], list[int]]]:
+        return [([1, 2], [len(q), *map(ord, q[-4:])]) for q in train_head.asks(3, seed)]
 
     monkeypatch.setattr(train_head, "answers", fake)
     loaded = LoadedModel(nearly_bigram(target).float(), None, tmp_path / "tiny")
     first = train_head.cached_answers(loaded, "tiny", 3, 8, 5)
     again = train_head.cached_answers(loaded, "tiny", 3, 8, 5)
     other = train_head.cached_answers(loaded, "tiny", 3, 8, 6)
-    assert first == again == [([1, 2], [3, 4, 5])] * 3 and other[0][1] == [3, 4, 6]
+    assert first == again == expected(5) and other == expected(6) != first
     assert made == [3, 3]
     # other prompts (a new version's ask set) are other answers, not the cached ones
     monkeypatch.setattr(train_head, "PROSE_TOPICS", ["a well-kept secret"])
