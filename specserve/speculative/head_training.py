@@ -80,9 +80,10 @@ def new_head(
 
 def lm_head_rows(lm_head: torch.nn.Module, ids: torch.Tensor, hidden: int) -> torch.Tensor:
     """Rows `ids` of the LM head's weight as float32, whatever kernel holds it: a quantized
-    head has no float weight, so its rows are read back by applying it to the unit vectors."""
+    head has no float weight, and oneDNN's packed one is no dense matrix, so their rows are
+    read back by applying the head to the unit vectors."""
     weight = getattr(lm_head, "weight", None)
-    if isinstance(weight, torch.Tensor):
+    if isinstance(weight, torch.Tensor) and weight.layout == torch.strided:
         return weight.float()[ids]
     eye = torch.eye(hidden, dtype=torch.float32, device=ids.device)
     return lm_head(eye).float().T[ids]

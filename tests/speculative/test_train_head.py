@@ -284,3 +284,24 @@ def test_step_weights_weigh_each_unrolled_steps_loss(target) -> None:  # noqa: A
     for bad in ("1", "1,x", "1,-1", "0,0"):
         with pytest.raises(SpecserveError, match="--step-weights"):
             train_head.weights_of_steps(bad, 2)
+
+
+@pytest.mark.parametrize(("weights", "prepack"), [("dequant", True), ("int8", False)])
+def test_a_new_head_reads_the_lm_head_rows_whatever_kernel_holds_them(
+    weights: str, prepack: bool, tmp_path: Path
+) -> None:
+    """oneDNN's packed float weight and an int8 kernel hold no dense matrix to index."""
+    from specserve.loading.model import load_model
+    from tests.tiny import write_hf_folder
+
+    write_hf_folder("qwen2", tmp_path, seed=11)
+    plain = load_model(tmp_path, "float32", with_tokenizer=False, prepack=False).model
+    other = load_model(tmp_path, "float32", with_tokenizer=False, weights=weights, prepack=prepack)
+    ids = torch.tensor([0, 5, 17, VOCAB - 1])
+    h = plain.cfg.hidden_size
+    want = plain.lm_head.weight.detach()[ids]
+    got = ht.lm_head_rows(other.model.lm_head, ids, h)
+    assert got.shape == want.shape
+    assert torch.allclose(
+        got, want, atol=1e-6 if weights == "dequant" else float(want.abs().max()) / 50
+    )
