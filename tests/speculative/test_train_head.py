@@ -240,12 +240,15 @@ def test_answers_are_made_once_and_read_back(  # noqa: ANN201
     monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path))
     made = []
 
-    def fake(loaded, questions, max_tokens):  # noqa: ANN001, ANN202
-        made.append(len(questions))
+    def replies(questions: list[str]) -> list[tuple[list[int], list[int]]]:
         return [([1, 2], [len(q), *map(ord, q[-4:])]) for q in questions]
 
+    def fake(loaded, questions, max_tokens):  # noqa: ANN001, ANN202
+        made.append(len(questions))
+        return replies(questions)
+
     def expected(seed: int) -> list[tuple[list[int], list[int]]]:
-        return [([1, 2], [len(q), *map(ord, q[-4:])]) for q in train_head.asks(3, seed)]
+        return replies(train_head.asks(3, seed))
 
     monkeypatch.setattr(train_head, "answers", fake)
     loaded = LoadedModel(nearly_bigram(target).float(), None, tmp_path / "tiny")
