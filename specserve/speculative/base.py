@@ -58,6 +58,9 @@ class DraftRequest:
     # cost[k]: verifying k draft tokens, in plain steps (speculative/cost.py, from the engine);
     # None: rows are free, drafts are never cut for cost (a drafter's own semantics)
     cost: Sequence[float] | None = None
+    # the unit of cost[k] in seconds, as measured (one slot's share of a plain step): what a
+    # costly drafter's own time is priced against (draft_length.py); None: not measured
+    step_seconds: float | None = None
     # the tokens the client expects back (OpenAI's `prediction`; speculative/prediction.py)
     prediction: Sequence[int] = ()
     # a sampled request's temperature and seed (0.0: greedy): a drafter with probabilities
@@ -197,9 +200,13 @@ class Speculator:
         for req in requests:  # the token after each slot's last draft is known now
             self.rates.settle(req.slot, req.tokens)
         asked = [r for r in map(self._ask, requests) if r is not None]
+        t_ask = time.perf_counter()
         drafts = [self._named(d) for d in (self._draft(asked) if asked else [])]
         made = dict(zip((r.slot for r in asked), drafts, strict=True))
-        self.stats.draft_seconds += time.perf_counter() - t0
+        t_end = time.perf_counter()
+        self.stats.draft_seconds += t_end - t0
+        if asked and self.relative_cost > 0:
+            self.worth.priced(t_end - t_ask, _positions(asked, made), asked[0].step_seconds)
         out = []
         for req in requests:
             full = _clip(made.get(req.slot, Draft()), req.n_max)
@@ -288,6 +295,12 @@ class Speculator:
 
     def _reset(self, slot: int) -> None:
         pass
+
+
+def _positions(asked: Sequence[DraftRequest], made: dict[int, Draft]) -> int:
+    """Draft positions a drafter ran for these asks: each slot's tokens, and the one after
+    them that fell under p_min where it stopped short of n_max."""
+    return sum(min(r.n_max, len(made[r.slot]) + 1) for r in asked if r.n_max > 0)
 
 
 def _clip(d: Draft, n_max: int) -> Draft:

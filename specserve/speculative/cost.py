@@ -77,6 +77,13 @@ class ForwardCost:
         """T(rows), in seconds once measured, else in units of a prior one-row forward."""
         return self._at(self._known(), rows) * (self._speed or 1.0)
 
+    def share_seconds(self, base_rows: int) -> float | None:
+        """One slot's share of a plain step of `base_rows` rows, in seconds: T(B) / B, the
+        unit cost(k) counts in; None until a forward has been timed."""
+        if not self._speed:
+            return None
+        return self.seconds(max(1, base_rows)) / max(1, base_rows)
+
     def relative(self, base_rows: int, n_max: int) -> list[float]:
         """cost(k) for k = 0..n_max extra rows on a step of `base_rows` (see the module doc)."""
         known = self._known()  # once per step: the medians, not once per k

@@ -11,13 +11,14 @@
        value(k) = (1 + sum_{i<k} r_i) / (cost(k) + c * k)
 
    tokens per step-equivalent, r_i being the chance that positions 0..i are all kept
-   (rates.py) and c the drafter's own cost per token in target forwards (a draft model;
-   0 for a lookup); no draft is worth 1. A drafter that pays per token is asked for the
-   length worth the most with its drafting counted, and not at all where none is worth
-   MIN_GAIN (but a few times while its rates are unknown, EXPLORE, and now and then after,
-   REVISIT, so that the rates follow the text). What it drafts is then
-   cut to the length worth the most to verify, drafting being paid by then, or dropped
-   where no length is worth MIN_GAIN.
+   (rates.py) and c the drafter's own cost per token in target forwards (0 for a lookup;
+   for a draft model or a head, measured once it has drafted a few times: its seconds per
+   draft position over one slot's share of a plain step, `DraftWorth.draft_cost`); no
+   draft is worth 1. A drafter that pays per token is asked for the length worth the most
+   with its drafting counted, and not at all where none is worth MIN_GAIN (but a few
+   times while its rates are unknown, EXPLORE, and now and then after, REVISIT, so that
+   the rates follow the text). What it drafts is then cut to the length worth the most to
+   verify, drafting being paid by then, or dropped where no length is worth MIN_GAIN.
 
 `Speculator.draft` (base.py) applies the second half to every drafter; a chain (chain.py)
 compares its drafters' drafts by the same values.
@@ -25,6 +26,8 @@ compares its drafters' drafts by the same values.
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 from itertools import accumulate
@@ -50,6 +53,12 @@ EXPLORE = 4
 # were prose would never ask the head again for code); its draft teaches its first token
 # whether verified or not (rates.py), for 1/REVISIT of its drafting cost
 REVISIT = 16
+# a costly drafter is priced by its own measured asks once it has PRICED of them (the
+# median of the last PRICE_KEEP), and by its prior until then. Priced by its weights' bytes,
+# an EAGLE-3 head cost twice what it was charged: the LM head, the vocabulary mapping and
+# the softmax for p_min are paid per ask as well (docs/perf/2026-11-27-eagle3-1.5b.md)
+PRICED = 3
+PRICE_KEEP = 16
 
 
 class DraftBudget:
@@ -64,7 +73,8 @@ class DraftBudget:
         (base_rows: what the step's forward has without drafts)."""
         limited = [replace(a, n_max=self.slot_limit(a.slot, a.n_max)) for a in asks]
         cost = self.cost.relative(base_rows, max((a.n_max for a in limited), default=0))
-        return [replace(a, cost=cost) for a in limited]
+        unit = self.cost.share_seconds(base_rows)
+        return [replace(a, cost=cost, step_seconds=unit) for a in limited]
 
     def slot_limit(self, slot: int, n_max: int) -> int:
         return min(n_max, self._limit.get(slot, n_max))
@@ -85,13 +95,34 @@ class DraftBudget:
 class DraftWorth:
     """One drafter's half: what its drafts are worth, how long it is asked for one, and
     where what it drafted is cut. Reads the drafter's rates (its `acceptance_rates`, which
-    a chain answers with the chosen child's) and its `relative_cost`."""
+    a chain answers with the chosen child's) and its cost per draft token (`draft_cost`)."""
 
     def __init__(self, drafter: Speculator) -> None:
         self.drafter = drafter
+        self._prices: deque[float] = deque(maxlen=PRICE_KEEP)  # its asks' measured costs
         self.explored = 0  # asks made against the estimate, to learn the rates (EXPLORE)
         self.declined = 0  # asks not made since the last revisit (REVISIT)
         self._revisits: set[int] = set()  # slots a chain asks this drafter on to revisit
+
+    def priced(self, seconds: float, positions: int, step_seconds: float | None) -> None:
+        """The drafter ran `positions` draft positions (summed over slots) in `seconds`,
+        while one slot's share of a plain step took `step_seconds` (None: not measured).
+        Each ask is kept as a ratio of the two taken together, so the VM's drifting speed,
+        which moves both, does not move the price."""
+        if step_seconds and positions > 0 and seconds > 0:
+            self._prices.append(seconds / positions / step_seconds)
+
+    @property
+    def draft_cost(self) -> float:
+        """c: the drafter's cost per draft token in plain steps. Measured (PRICED asks) for
+        a costly drafter, so everything an ask pays counts: a head's vocabulary mapping,
+        the p_min softmax, the catch-up over the tokens since its last ask, and the asks
+        that fell under p_min at once. Before that, its prior `relative_cost` (its bytes
+        or size ratio); 0 for a lookup, which drafts for free."""
+        prior = self.drafter.relative_cost
+        if prior == 0 or len(self._prices) < PRICED:
+            return prior
+        return statistics.median(self._prices)
 
     def values(
         self, req: DraftRequest, n: int, draft_cost: float = 0.0, tier: int = 0
@@ -107,13 +138,13 @@ class DraftWorth:
 
     def best_value(self, req: DraftRequest) -> float:
         """The most a draft of up to n_max tokens, counting its drafting cost, is worth."""
-        return max(self.values(req, req.n_max, self.drafter.relative_cost))
+        return max(self.values(req, req.n_max, self.draft_cost))
 
     def ask_length(self, req: DraftRequest) -> int | None:
         """How many tokens the drafter is asked for; None: it is not asked. A drafter that
         drafts for free is asked for n_max; one that pays per token for the length worth the
         most with its drafting counted, or, while its rates are unknown, for one token."""
-        draft_cost = self.drafter.relative_cost
+        draft_cost = self.draft_cost
         if draft_cost == 0 or req.cost is None:
             return req.n_max
         if req.slot in self._revisits:

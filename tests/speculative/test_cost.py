@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import pytest
@@ -9,7 +10,13 @@ import pytest
 from specserve.speculative.base import Draft, DraftRequest, Speculator
 from specserve.speculative.chain import ChainSpeculator
 from specserve.speculative.cost import HORIZON, KEEP, MIN_SAMPLES, PRIOR_PER_ROW, ForwardCost
-from specserve.speculative.draft_length import EXPLORE, REVISIT
+from specserve.speculative.draft_length import (
+    EXPLORE,
+    PRICED,
+    REVISIT,
+    DraftBudget,
+    DraftWorth,
+)
 
 
 class Fixed(Speculator):
@@ -239,3 +246,57 @@ def test_costly_drafter_giving_nothing_counts_as_a_miss() -> None:
     # each empty answer lowers the rate, until asking is not worth its drafting cost
     assert spec.acceptance_rates(0, 1)[0] < before
     assert 0 < spec.asked < 10
+
+
+class Slow(Fixed):
+    """A costly drafter that takes at least `seconds` per ask, whatever its prior says."""
+
+    def __init__(self, tokens: list[int], prior: float, seconds: float) -> None:
+        super().__init__(tokens, "slow", cost=prior)
+        self.seconds = seconds
+
+    def _draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        time.sleep(self.seconds)
+        return super()._draft(requests)
+
+
+def test_a_costly_drafter_is_priced_by_its_measured_asks_not_its_prior() -> None:
+    # its prior (0.1 step a token) says a half-kept token pays; each ask really takes at
+    # least 20 plain steps' time, and once PRICED asks show it, it is no longer asked
+    spec = Slow([1], prior=0.1, seconds=0.02)
+    teach(spec, slot=0, n_accepted=1, times=10, n_max=1)  # half its first tokens kept
+    teach(spec, slot=0, n_accepted=0, times=10, n_max=1)
+    asks = [DraftRequest(0, [0], 1, cost=[1.0, 1.1], step_seconds=0.001) for _ in range(3)]
+    assert spec.worth.draft_cost == 0.1  # asks without a measured step leave the prior
+    asked = []
+    for req in asks + asks:
+        before = spec.asked
+        spec.draft([req])
+        spec.accept(0, 0 if spec.asked == before else 1)
+        asked.append(spec.asked - before)
+    assert asked[:PRICED] == [1] * PRICED and asked[PRICED:] == [0] * (6 - PRICED)
+    assert spec.worth.draft_cost >= 20
+
+
+def test_a_price_counts_every_position_run_and_holds_still_as_the_machine_drifts() -> None:
+    spec = Fixed([], cost=0.2)
+    worth = DraftWorth(spec)
+    worth.priced(0.010, 2, 0.050)  # 2 positions (a token and the one under p_min) in 10 ms
+    worth.priced(0.020, 2, 0.100)  # the VM at half speed: the step as slow as the ask
+    assert worth.draft_cost == 0.2  # the prior, until PRICED asks are in
+    worth.priced(1.0, 1, 0.050)  # one ask that caught up over a long pause
+    assert worth.draft_cost == pytest.approx(0.1)  # the median
+    # a step whose plain forward was not timed prices nothing
+    worth.priced(1.0, 1, None)
+    assert worth.draft_cost == pytest.approx(0.1)
+
+
+def test_the_budget_sends_the_measured_step_with_the_cost() -> None:
+    cost = ForwardCost()
+    budget = DraftBudget(cost)
+    (ask,) = budget.limit([DraftRequest(0, [0], 2)], base_rows=2)
+    assert ask.step_seconds is None  # nothing timed yet
+    measured(cost, 2, 0.08)
+    (ask,) = budget.limit([DraftRequest(0, [0], 2)], base_rows=2)
+    assert ask.step_seconds == pytest.approx(0.04)  # one slot's share of the 2-row step
+    assert ForwardCost(measure=False).share_seconds(1) is None
