@@ -117,9 +117,9 @@ class Eagle3Head(nn.Module):
         cache.advance(batch)
         return out
 
-    def target_logits(self, normed: torch.Tensor, vocab_size: int) -> torch.Tensor:
-        """[N, H] -> logits over the target's vocabulary [N, V] (-inf outside the draft's)."""
-        small = self.lm_head(normed)
+    def target_logits(self, small: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """Draft-vocabulary logits [N, Vd] -> over the target's vocabulary [N, V] (-inf
+        outside the draft's)."""
         full = small.new_full((small.shape[0], vocab_size), float("-inf"))
         full[:, self.d2t] = small
         return full

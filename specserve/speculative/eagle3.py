@@ -59,6 +59,7 @@ class Eagle3Speculator(HiddenStateDrafter):
         target.tap_layers(head.cfg.aux_layers)
         self.head, self.model = head, model
         self.vocab_size = int(model.cfg.vocab_size)
+        self._d2t: list[int] = head.d2t.tolist()  # read per draft token: a list, not a tensor
 
     def _catch_up(self, req: DraftRequest) -> tuple[list[int], torch.Tensor]:
         tokens, aux = super()._catch_up(req)
@@ -67,12 +68,17 @@ class Eagle3Speculator(HiddenStateDrafter):
     def _forward(
         self, slots: list[int], tokens: list[list[int]], hidden: list[torch.Tensor]
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """One head forward over every slot's rows -> per slot (target-vocabulary logits of
-        its last row [V], its pre-norm state [H], the next draft step's input)."""
+        """One head forward over every slot's rows -> per slot (draft-vocabulary logits of
+        its last row [Vd], its pre-norm state [H], the next draft step's input)."""
         starts = [self.cache.lengths[s] for s in slots]
         batch = FlatBatch.build(slots, starts, [len(t) for t in tokens], self.device)
         ids = torch.tensor([t for ts in tokens for t in ts], device=self.device)
         normed, prenorm = self.head(self.embed(ids), torch.cat(hidden), batch, self.cache)
         last = [c - 1 for c in batch.cu_seqlens[1:]]
-        logits = self.head.target_logits(normed[last], self.vocab_size)
-        return list(zip(logits, prenorm[last], strict=True))
+        return list(zip(self.head.lm_head(normed[last]), prenorm[last], strict=True))
+
+    def _target_id(self, token: int) -> int:
+        return self._d2t[token]
+
+    def _target_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.head.target_logits(logits[None], self.vocab_size)[0]

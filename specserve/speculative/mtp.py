@@ -125,9 +125,17 @@ class HiddenStateDrafter(Speculator):
     def _forward(
         self, slots: list[int], tokens: list[list[int]], hidden: list[torch.Tensor]
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """One head forward over every slot's rows -> per slot (logits of its last row [V],
-        the state its next draft step is fed [D])."""
+        """One head forward over every slot's rows -> per slot (logits of its last row over
+        the head's vocabulary [Vd], the state its next draft step is fed [D])."""
         raise NotImplementedError
+
+    def _target_id(self, token: int) -> int:
+        """A token of the head's vocabulary as the target's (the same where they are one)."""
+        return token
+
+    def _target_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits over the head's vocabulary [Vd] -> over the target's [V]."""
+        return logits
 
     @torch.inference_mode()
     def _draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
@@ -143,12 +151,14 @@ class HiddenStateDrafter(Speculator):
             nxt: tuple[list[int], list[list[int]], list[torch.Tensor]] = ([], [], [])
             for slot, (logits, h) in zip(slots, self._forward(slots, tokens, hidden), strict=True):
                 req, draft = asks[slot], drafts[slot]
-                tok, q = self._pick(req, logits, len(draft))
-                if q is None:
-                    if float(torch.softmax(logits.float(), dim=-1)[tok]) < req.p_min:
-                        continue
-                else:
+                if self.sample_drafts and req.temperature > 0:
+                    tok, q = self._sample(req, logits, len(draft))
                     probs[slot].append(q)
+                else:  # the argmax, kept where the head is sure enough (llama.cpp's p_min)
+                    best = int(logits.argmax())
+                    if req.p_min > 0 and _probability(logits, best) < req.p_min:
+                        continue
+                    tok = self._target_id(best)
                 draft.tokens.append(tok)
                 if len(draft) < req.n_max:
                     nxt[0].append(slot)
@@ -160,16 +170,20 @@ class HiddenStateDrafter(Speculator):
                 drafts[slot].probs = torch.stack(qs)
         return [drafts[r.slot] for r in requests]
 
-    def _pick(
-        self, req: DraftRequest, logits: torch.Tensor, j: int
-    ) -> tuple[int, torch.Tensor | None]:
-        """Draft token j: the argmax, or with sample_drafts and a sampled request, a draw
-        from q = softmax(logits / temperature) with the request's seeded draft stream, and q."""
-        if not (self.sample_drafts and req.temperature > 0):
-            return int(logits.argmax()), None
-        q = torch.softmax(logits.double() / req.temperature, dim=-1)
+    def _sample(self, req: DraftRequest, logits: torch.Tensor, j: int) -> tuple[int, torch.Tensor]:
+        """Draft token j of a sampled request: a draw from q = softmax(logits / temperature)
+        over the target's vocabulary with the request's seeded draft stream, and q. (A
+        greedy draft stays in the head's own vocabulary: mapping 150k logits per ask cost a
+        head more than its LM head.)"""
+        q = torch.softmax(self._target_logits(logits).double() / req.temperature, dim=-1)
         u = position_uniforms([req.seed], [len(req.tokens) + j], Stream.DRAFT, q.device)
         return int(sample_from_probs(q[None], u)[0]), q
+
+
+def _probability(logits: torch.Tensor, token: int) -> float:
+    """softmax(logits)[token], without the softmax's whole row."""
+    x = logits.float()
+    return float(torch.exp(x[token] - torch.logsumexp(x, dim=-1)))
 
 
 class MtpSpeculator(HiddenStateDrafter):

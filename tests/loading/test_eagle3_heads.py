@@ -124,7 +124,7 @@ def test_a_head_beside_quantized_weights_is_quantized_too(
     x = torch.randn(6, 3 * target.cfg.hidden_size, generator=torch.Generator().manual_seed(0))
     e = torch.randn(6, target.cfg.hidden_size, generator=torch.Generator().manual_seed(1))
     want, got = (
-        h.target_logits(h.layer(e, h.fuse(x), h.attn.v)[0], target.cfg.vocab_size)
+        h.target_logits(h.lm_head(h.layer(e, h.fuse(x), h.attn.v)[0]), target.cfg.vocab_size)
         for h in (plain, quant)
     )
     kept = want.isfinite()
