@@ -180,6 +180,7 @@ class Speculator:
     def begin(self, slot: int, prompt: Sequence[int], tenant: str | None = None) -> None:
         self._last.pop(slot, None)
         self.rates.forget(slot)
+        self.worth.forget(slot)
         if slot in self._tenants:  # reused without reset(): its last sequence ends as its own
             self._reset(slot)
         self._tenants[slot] = tenant
@@ -206,7 +207,7 @@ class Speculator:
         t_end = time.perf_counter()
         self.stats.draft_seconds += t_end - t0
         if asked and self.relative_cost > 0:
-            self.worth.priced(t_end - t_ask, _positions(asked, made), asked[0].step_seconds)
+            self.worth.priced(t_end - t_ask, asked, [made[r.slot] for r in asked])
         out = []
         for req in requests:
             full = _clip(made.get(req.slot, Draft()), req.n_max)
@@ -266,6 +267,7 @@ class Speculator:
     def reset(self, slot: int) -> None:
         self._last.pop(slot, None)
         self.rates.forget(slot)
+        self.worth.forget(slot)
         self._reset(slot)
         self._tenants.pop(slot, None)
 
@@ -295,12 +297,6 @@ class Speculator:
 
     def _reset(self, slot: int) -> None:
         pass
-
-
-def _positions(asked: Sequence[DraftRequest], made: dict[int, Draft]) -> int:
-    """Draft positions a drafter ran for these asks: each slot's tokens, and the one after
-    them that fell under p_min where it stopped short of n_max."""
-    return sum(min(r.n_max, len(made[r.slot]) + 1) for r in asked if r.n_max > 0)
 
 
 def _clip(d: Draft, n_max: int) -> Draft:

@@ -100,24 +100,45 @@ class DraftWorth:
     def __init__(self, drafter: Speculator) -> None:
         self.drafter = drafter
         self._prices: deque[float] = deque(maxlen=PRICE_KEEP)  # its asks' measured costs
+        self._asked: dict[int, tuple[int, int]] = {}  # slot -> (context length, n_max) asked
         self.explored = 0  # asks made against the estimate, to learn the rates (EXPLORE)
         self.declined = 0  # asks not made since the last revisit (REVISIT)
         self._revisits: set[int] = set()  # slots a chain asks this drafter on to revisit
 
-    def priced(self, seconds: float, positions: int, step_seconds: float | None) -> None:
-        """The drafter ran `positions` draft positions (summed over slots) in `seconds`,
-        while one slot's share of a plain step took `step_seconds` (None: not measured).
-        Each ask is kept as a ratio of the two taken together, so the VM's drifting speed,
-        which moves both, does not move the price."""
-        if step_seconds and positions > 0 and seconds > 0:
-            self._prices.append(seconds / positions / step_seconds)
+    def priced(self, seconds: float, asked: Sequence[DraftRequest], made: Sequence[Draft]) -> None:
+        """The drafter answered `asked` with `made` in `seconds`. Kept as seconds per draft
+        position run over one slot's share of a plain step (req.step_seconds; an unmeasured
+        step prices nothing), the two taken together so that the VM's drifting speed, which
+        moves both, does not move the price. Only asks in steady state are kept: an ask after
+        a pause (a revisit, a new prompt) first catches up over every token since, and priced
+        at that, a drafter once declined looked dearer at each revisit and was never asked
+        again (the 0.5B draft on the 1.5B's prose: 0.9 of a step a token, against 0.4)."""
+        steady = all(self._steady(r) for r in asked)
+        for r in asked:
+            self._asked[r.slot] = (len(r.tokens), r.n_max)
+        unit = asked[0].step_seconds if asked else None
+        positions = sum(min(r.n_max, len(d) + 1) for r, d in zip(asked, made, strict=True))
+        if steady and unit and positions > 0 and seconds > 0:
+            self._prices.append(seconds / positions / unit)
+
+    def _steady(self, req: DraftRequest) -> bool:
+        """Whether the slot was asked the step before: its context grew by at most that
+        draft and the target's own token since."""
+        if req.slot not in self._asked:
+            return False
+        length, n_max = self._asked[req.slot]
+        return len(req.tokens) - length <= n_max + 1
+
+    def forget(self, slot: int) -> None:
+        """The slot starts another sequence: its next ask catches up over a new prompt."""
+        self._asked.pop(slot, None)
 
     @property
     def draft_cost(self) -> float:
         """c: the drafter's cost per draft token in plain steps. Measured (PRICED asks) for
-        a costly drafter, so everything an ask pays counts: a head's vocabulary mapping,
-        the p_min softmax, the catch-up over the tokens since its last ask, and the asks
-        that fell under p_min at once. Before that, its prior `relative_cost` (its bytes
+        a costly drafter, so everything an ask pays counts: a head's LM head and p_min
+        softmax, the catch-up over what the step before added, and the asks that fell
+        under p_min at once. Before that, its prior `relative_cost` (its bytes
         or size ratio); 0 for a lookup, which drafts for free."""
         prior = self.drafter.relative_cost
         if prior == 0 or len(self._prices) < PRICED:

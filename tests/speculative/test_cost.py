@@ -278,16 +278,34 @@ def test_a_costly_drafter_is_priced_by_its_measured_asks_not_its_prior() -> None
     assert spec.worth.draft_cost >= 20
 
 
+def _priced(worth: DraftWorth, seconds: float, n: int, made: int, unit: float | None) -> None:
+    """One ask on slot 0, its context n tokens long, for 2 tokens; `made` drafted."""
+    worth.priced(seconds, [DraftRequest(0, [0] * n, 2, step_seconds=unit)], [Draft([1] * made)])
+
+
 def test_a_price_counts_every_position_run_and_holds_still_as_the_machine_drifts() -> None:
-    spec = Fixed([], cost=0.2)
-    worth = DraftWorth(spec)
-    worth.priced(0.010, 2, 0.050)  # 2 positions (a token and the one under p_min) in 10 ms
-    worth.priced(0.020, 2, 0.100)  # the VM at half speed: the step as slow as the ask
+    worth = DraftWorth(Fixed([], cost=0.2))
+    _priced(worth, 0.5, n=10, made=0, unit=0.05)  # a first ask: it caught up over the prompt
+    _priced(worth, 0.010, n=11, made=1, unit=0.050)  # a token and one under p_min: 2 runs
+    _priced(worth, 0.020, n=12, made=2, unit=0.100)  # the VM at half speed, ask and step alike
     assert worth.draft_cost == 0.2  # the prior, until PRICED asks are in
-    worth.priced(1.0, 1, 0.050)  # one ask that caught up over a long pause
-    assert worth.draft_cost == pytest.approx(0.1)  # the median
-    # a step whose plain forward was not timed prices nothing
-    worth.priced(1.0, 1, None)
+    _priced(worth, 0.1, n=15, made=0, unit=0.050)  # the step before added 3: its price is 2
+    assert worth.draft_cost == pytest.approx(0.1)  # the median of 0.1, 0.1, 2
+    _priced(worth, 1.0, n=15, made=0, unit=None)  # a step whose forward was not timed
+    assert worth.draft_cost == pytest.approx(0.1)
+
+
+def test_an_ask_after_a_pause_or_in_a_new_sequence_is_not_priced() -> None:
+    # each of these catches up over more than the step before added: priced at that, a
+    # drafter declined once looked dearer at every revisit and was never asked again
+    worth = DraftWorth(Fixed([], cost=0.2))
+    for n in (10, 11, 12):
+        _priced(worth, 0.01, n, made=2, unit=0.05)  # the second and third are steady
+    _priced(worth, 5.0, n=30, made=2, unit=0.05)  # a revisit after 18 tokens
+    worth.forget(0)
+    _priced(worth, 5.0, n=31, made=2, unit=0.05)  # the slot's next sequence
+    assert worth.draft_cost == 0.2  # two asks priced: still the prior
+    _priced(worth, 0.01, n=32, made=2, unit=0.05)
     assert worth.draft_cost == pytest.approx(0.1)
 
 
