@@ -256,6 +256,8 @@ class Engine:
         if self.speculator is None or not wanted:
             return [Draft() for _ in plan.decode]
         asks = self.budget.limit([self._draft_request(r) for r in wanted], plan.rows)
+        if self.threads:  # a draft forward has a row per slot, as a plain step does
+            self.threads.settle(len(asks))
         try:
             made = iter(self.speculator.draft(asks))
         except Exception:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 import torch
 
 from specserve.engine.engine import Engine
-from specserve.engine.request import Request
+from specserve.engine.request import Request, SpecParams
 from specserve.engine.runner import ModelRunner
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.threads import (
@@ -25,6 +25,7 @@ from specserve.engine.threads import (
 )
 from specserve.loading.model import load_model
 from specserve.models.layers.packed import PackedLinear
+from specserve.speculative.base import Draft, DraftRequest, Speculator
 from specserve.speculative.cost import ForwardCost
 from tests.tiny import write_hf_folder
 
@@ -175,3 +176,41 @@ def test_the_verify_cost_is_measured_on_decode_steps_on_the_chosen_thread_count_
     engine.generate([Request([1, 2, 3], SamplingParams(temperature=0.0, max_tokens=6))])
     assert tuner.calls == 6  # the prompt pass and 5 decode steps
     assert len(cost.recorded) == 2  # decode steps on the chosen count: calls 3, 5 (1: prompt)
+
+
+class _OneThreadTries(ThreadTuner):
+    """Every forward is a try on one thread while two stay the choice."""
+
+    def __init__(self) -> None:
+        super().__init__(max_threads=2)
+
+    def pick(self, rows: int) -> int:
+        torch.set_num_threads(1)
+        return 1
+
+    def best(self, rows: int) -> int:
+        return 2
+
+
+class _ThreadsSeen(Speculator):
+    """Drafts nothing; notes the thread count torch has each time it is asked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[int] = []
+
+    def _draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        self.seen.append(torch.get_num_threads())
+        return [Draft() for _ in requests]
+
+
+@pytest.mark.usefixtures("restore_threads")
+def test_drafting_runs_on_the_chosen_thread_count_not_on_a_tries(tmp_path) -> None:  # noqa: ANN001
+    write_hf_folder("qwen2", tmp_path, seed=1)
+    model = load_model(tmp_path, dtype="float64").model
+    spec = _ThreadsSeen()
+    runner = ModelRunner(model, num_slots=1, max_len=64)
+    engine = Engine(runner, spec, threads=_OneThreadTries())
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    engine.generate([Request([1, 2, 3], params, SpecParams(n_max=2))])
+    assert spec.seen and set(spec.seen) == {2}  # each after a one-thread forward
