@@ -8,9 +8,13 @@ scored by the tokens it is expected to yield per unit of cost (draft_length.py):
 r_i is the drafter's acceptance at position i for this slot, cost(k) what verifying k rows
 costs on this machine (speculative/cost.py), c the drafter's own cost per token in target
 forwards, and the 1s are the target's own token and step. No draft is worth 1. Cheap
-drafters are asked first; a costly one (a draft model) is asked only for slots where it
-could beat the best draft so far, or now and then to keep its rates current (REVISIT).
-Between drafts already made, drafting is paid for, so only verification counts.
+drafters are asked first; a costly one (a draft model, a head) is asked only for slots where
+it could beat the best draft so far, or now and then to keep its rates current (REVISIT).
+Between drafts already made, drafting is paid for, so only verification counts. So the
+costly ones are asked in the order of what they promise this step, drafting counted: asked
+first, a head whose one-token drafts the draft model's then beat every time on code was
+paid for in every step, and the 1.5B's chain ran at 0.80-1.04 of its speed without the head
+(docs/perf/2026-11-27-eagle3-price.md).
 """
 
 from __future__ import annotations
@@ -78,7 +82,7 @@ class ChainSpeculator(Speculator):
         best = {r.slot: (1.0, Draft()) for r in requests}
         for r in requests:
             self._chosen.pop(r.slot, None)
-        for child in self.children:
+        for child in self._order(requests):
             costly = child.relative_cost > 0
             # a revisit is due only where the child may draft at all
             asks = [
@@ -98,6 +102,15 @@ class ChainSpeculator(Speculator):
                 else:
                     child.discard(req.slot)
         return [best[r.slot][1] for r in requests]
+
+    def _order(self, requests: Sequence[DraftRequest]) -> list[Speculator]:
+        """The children in the order they are asked this step: the free ones as listed,
+        then the costly ones by the most their drafts promise over the step's slots."""
+        free = [c for c in self.children if c.relative_cost == 0]
+        costly = [c for c in self.children if c.relative_cost > 0]
+        if len(costly) > 1:
+            costly.sort(key=lambda c: -sum(c.worth.best_value(r) for r in requests))
+        return free + costly
 
     def _accept(self, slot: int, n_accepted: int, n_proposed: int) -> None:
         chosen = self._chosen.pop(slot, None)

@@ -202,6 +202,25 @@ def test_chain_verifies_the_draft_worth_most_and_credits_its_drafter() -> None:
     assert short.stats.tokens_generated == 10  # its losing draft was discarded, not counted
 
 
+@pytest.mark.parametrize("text", ["code", "prose"])
+def test_a_chain_asks_first_the_costly_drafter_that_promises_most(text: str) -> None:
+    """A head (cheap, one token half kept) and a draft model (dear, four tokens): on code,
+    where the draft model's drafts are kept whole, it is asked first and the head, whose
+    draft could not beat them, not at all; on prose the head goes first and alone."""
+    head, model = Fixed([1], "head", cost=0.1), Fixed([1, 2, 3, 4], "model", cost=0.45)
+    for _ in range(15):
+        teach(head, slot=0, n_accepted=1, times=1)
+        teach(head, slot=0, n_accepted=0, times=1)
+    teach(model, slot=0, n_accepted=4 if text == "code" else 0, times=30)
+    chain = ChainSpeculator([head, model])
+    asked = head.asked, model.asked
+    (d,) = chain.draft([DraftRequest(0, [0], 4, cost=[1.0, 1.15, 1.2, 1.25, 1.3])])
+    if text == "code":
+        assert (model.asked - asked[1], head.asked - asked[0], d.source) == (1, 0, "model")
+    else:
+        assert (head.asked - asked[0], model.asked - asked[1], d.source) == (1, 0, "head")
+
+
 def test_rates_are_products_of_per_position_rates_learnt_where_reached() -> None:
     spec = Fixed([1, 2, 3, 4])
     teach(spec, slot=0, n_accepted=2, times=30, n_max=4)  # positions 0, 1 kept; 2 never
