@@ -72,6 +72,20 @@ def test_unrolled_steps_see_what_drafting_sees(target) -> None:  # noqa: ANN001
                 assert pairs[j][1][i] == rows.labels[i + 1 + j]
 
 
+@pytest.mark.parametrize("step", [0, 1])
+def test_every_weight_of_the_head_learns_from_every_unrolled_step(target, step: int) -> None:  # noqa: ANN001
+    """In float32 on the CPU the norms and the rotary run on our kernels, which have no
+    backward: they cut the graph, and for a whole series of runs only the LM head trained
+    (the layer stayed as new_head left it, so step 1 said step 0's token again)."""
+    model = nearly_bigram(target).float()
+    rows = ht.target_rows(model, _own_text(model, n=1)[0], (2, 1, 0))
+    head = ht.new_head(model, torch.arange(VOCAB))
+    logits, labels = ht.unrolled_logits(head, model.embed, rows, 2)[step]
+    torch.nn.functional.cross_entropy(logits, labels).backward()
+    still = [n for n, p in head.named_parameters() if p.grad is None or not p.grad.any()]
+    assert still == []
+
+
 def test_train_resume_save_and_draft(target, tmp_path: Path) -> None:  # noqa: ANN001
     model = nearly_bigram(target).float()
     loaded = LoadedModel(model, None, tmp_path / "tiny")

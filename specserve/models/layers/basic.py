@@ -24,7 +24,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        kernels = kernels_for(x) if self.weight.dtype == torch.float32 else None
+        kernels = kernels_for(x, self.weight) if self.weight.dtype == torch.float32 else None
         if kernels is not None and x.shape[-1] % 8 == 0:
             return kernels.rms_norm(x, self.weight, self.eps)  # ops/cpu/pointwise.cpp
         h = x.float() if x.element_size() < 4 else x
@@ -35,7 +35,7 @@ class RMSNorm(nn.Module):
 def add_norm(x: torch.Tensor, y: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, ...]:
     """(x + y, norm(x + y)): a residual add and the norm after it, one op on float32 CPU
     (ops/cpu/pointwise.cpp add_rms_norm, bit-equal to the two apart)."""
-    kernels = kernels_for(x) if norm.weight.dtype == torch.float32 else None
+    kernels = kernels_for(x, y, norm.weight) if norm.weight.dtype == torch.float32 else None
     if kernels is not None and x.shape[-1] % 8 == 0 and y.dtype == x.dtype:
         return tuple(kernels.add_rms_norm(x, y, norm.weight, norm.eps))
     s = x + y
@@ -76,7 +76,7 @@ class RotaryEmbedding(nn.Module):
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [T, H, D]; cos, sin: [T, 1, D]."""
-    kernels = kernels_for(x) if cos.dtype == torch.float32 else None
+    kernels = kernels_for(x, cos, sin) if cos.dtype == torch.float32 else None
     if kernels is not None:
         return kernels.rotary(x, cos, sin)  # ops/cpu/pointwise.cpp
     half = x.shape[-1] // 2

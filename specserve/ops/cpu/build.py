@@ -129,10 +129,14 @@ def available() -> bool:
     return problem() is None
 
 
-def kernels_for(t: torch.Tensor) -> ModuleType | None:
+def kernels_for(t: torch.Tensor, *inputs: torch.Tensor) -> ModuleType | None:
     """The kernels when `t` is a float32 CPU tensor and they build here; None otherwise
-    (the caller then takes its torch path)."""
+    (the caller then takes its torch path). None too where autograd records the op and `t`
+    or another of its `inputs` (a norm's weight) wants a gradient: the kernels have no
+    backward, and a graph cut at a norm trained nothing but an EAGLE-3 head's LM head."""
     if t.dtype != torch.float32 or t.device.type != "cpu":
+        return None
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (t, *inputs)):
         return None
     result = _build()
     return None if isinstance(result, SpecserveError) else result
