@@ -83,15 +83,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "--steps",
         type=int,
         default=1,
-        help="training-time-test depth (on a short budget deeper steps cost the first "
-        "position its accuracy: docs/perf/2026-11-27-eagle3-taps.md)",
+        help="training-time-test depth: draft positions trained (1: the first alone)",
     )
     p.add_argument(
         "--step-weights",
         default=None,
         help="each unrolled step's loss weight, e.g. 1,0.3 with --steps 2, the first step "
-        "weighing most (default: alike; a 13-minute resume at 1,0.3 taught no second "
-        "position: docs/perf/2026-11-27-eagle3-int8.md)",
+        "weighing most (default: alike)",
     )
     p.add_argument(
         "--draft-vocab",
