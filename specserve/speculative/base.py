@@ -207,7 +207,7 @@ class Speculator:
         t_end = time.perf_counter()
         self.stats.draft_seconds += t_end - t0
         if asked and self.relative_cost > 0:
-            self.worth.priced(t_end - t_ask, asked, [made[r.slot] for r in asked])
+            self.worth.priced(t_end - t_ask, asked, drafts)
         out = []
         for req in requests:
             full = _clip(made.get(req.slot, Draft()), req.n_max)

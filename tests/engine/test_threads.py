@@ -149,7 +149,9 @@ class _Trying(ThreadTuner):
 
     def pick(self, rows: int) -> int:
         self.calls += 1
-        return 1 if self.calls % 2 == 0 else 2
+        threads = 1 if self.calls % 2 == 0 else 2
+        torch.set_num_threads(threads)
+        return threads
 
     def best(self, rows: int) -> int:
         return 2
@@ -178,20 +180,6 @@ def test_the_verify_cost_is_measured_on_decode_steps_on_the_chosen_thread_count_
     assert len(cost.recorded) == 2  # decode steps on the chosen count: calls 3, 5 (1: prompt)
 
 
-class _OneThreadTries(ThreadTuner):
-    """Every forward is a try on one thread while two stay the choice."""
-
-    def __init__(self) -> None:
-        super().__init__(max_threads=2)
-
-    def pick(self, rows: int) -> int:
-        torch.set_num_threads(1)
-        return 1
-
-    def best(self, rows: int) -> int:
-        return 2
-
-
 class _ThreadsSeen(Speculator):
     """Drafts nothing; notes the thread count torch has each time it is asked."""
 
@@ -210,7 +198,7 @@ def test_drafting_runs_on_the_chosen_thread_count_not_on_a_tries(tmp_path) -> No
     model = load_model(tmp_path, dtype="float64").model
     spec = _ThreadsSeen()
     runner = ModelRunner(model, num_slots=1, max_len=64)
-    engine = Engine(runner, spec, threads=_OneThreadTries())
+    engine = Engine(runner, spec, threads=_Trying())
     params = SamplingParams(temperature=0.0, max_tokens=6)
     engine.generate([Request([1, 2, 3], params, SpecParams(n_max=2))])
-    assert spec.seen and set(spec.seen) == {2}  # each after a one-thread forward
+    assert len(spec.seen) >= 2 and set(spec.seen) == {2}  # every other one after a try

@@ -76,7 +76,7 @@ class RotaryEmbedding(nn.Module):
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [T, H, D]; cos, sin: [T, 1, D]."""
-    kernels = kernels_for(x, cos, sin) if cos.dtype == torch.float32 else None
+    kernels = kernels_for(x) if cos.dtype == torch.float32 else None
     if kernels is not None:
         return kernels.rotary(x, cos, sin)  # ops/cpu/pointwise.cpp
     half = x.shape[-1] // 2

@@ -32,7 +32,7 @@ def cached_attention(
     per_row: bool = False,
 ) -> torch.Tensor:
     """q: [T, H, D]; k_cache, v_cache: [n_slots, max_len, Hkv, D] -> [T, H, D]."""
-    kernels = kernels_for(q, k_cache, v_cache) if k_cache.dtype == torch.float32 else None
+    kernels = kernels_for(q) if k_cache.dtype == torch.float32 else None
     if kernels is not None and q.shape[-1] % 64 == 0:
         return kernels.cached_attention(
             q.contiguous(),
