@@ -82,8 +82,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--steps",
         type=int,
-        default=1,
-        help="training-time-test depth: draft positions trained (1: the first alone)",
+        default=2,
+        help="training-time-test depth: draft positions trained (1: the first alone, which "
+        "leaves a second draft position untrained)",
     )
     p.add_argument(
         "--step-weights",
