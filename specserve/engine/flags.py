@@ -134,7 +134,8 @@ def _add_spec_args(p: argparse.ArgumentParser, default_spec: str) -> None:
         "--draft-p-min",
         type=float,
         default=d.p_min,
-        help=f"a draft model stops before a token it gives less probability ({d.p_min})",
+        help="a draft model stops before a token it gives less probability; a head "
+        f"(eagle3, mtp) drafts its first token at any and learns which are kept ({d.p_min})",
     )
     s.add_argument(
         "--rollback",

@@ -26,7 +26,8 @@ class SpecParams:
     """Per-request speculation: n_max = 0 turns it off for this request.
 
     n_max / n_min: most / fewest draft tokens (shorter drafts are dropped); p_min: a draft
-    model stops before a token it gives less probability (llama.cpp's default 0.75);
+    model stops before a token it gives less probability (llama.cpp's default 0.75), a head
+    (eagle3, mtp) after its first, whose confidence it learns to judge (speculative/mtp.py);
     types: the speculator types this request may use (None = all that are loaded).
     """
 

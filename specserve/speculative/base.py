@@ -214,8 +214,8 @@ class Speculator:
             d = _clip(full, self.worth.cut_length(req, full))
             if len(d) < max(req.n_min, 1):
                 d = Draft()
-            if req.slot in made and not full and self.relative_cost > 0:
-                self._missed_at_first(req.slot)
+            if req.slot in made and self.relative_cost > 0:
+                self.worth.yielded(bool(full))  # nothing: unsure, not wrong (draft_length.py)
             # held until verified (accept) or, if not, until the target's next token shows
             # whether its first token was right (rates.py)
             self.rates.hold(req.slot, len(req.tokens), full.tokens, full.tier)
@@ -235,12 +235,6 @@ class Speculator:
             return None
         n = self.worth.ask_length(req)
         return None if n is None else replace(req, n_max=n)
-
-    def _missed_at_first(self, slot: int) -> None:
-        """A costly drafter was asked and gave nothing (e.g. its confidence fell below
-        p_min at once): its forwards were spent for no token, which for what asking it is
-        worth is a draft whose first token the target rejected."""
-        self.rates.learn(slot, 0, 0, 1)
 
     def acceptance_rates(self, slot: int, n: int, tier: int = 0) -> list[float]:
         """r_0..r_{n-1}: the chance that positions 0..i of a draft of this tier on `slot`

@@ -6,19 +6,25 @@
    missing (prose) thus drafts little; text that repeats (code edits) quickly drafts long.
    With the limits goes cost[k], what verifying k draft rows costs this step in plain
    steps (`ForwardCost`, cost.py).
-2. Each drafter's half, `DraftWorth`: a k-token draft is worth
+2. Each drafter's half, `DraftWorth`: a k-token draft it made is worth
 
-       value(k) = (1 + sum_{i<k} r_i) / (cost(k) + c * k)
+       value(k) = (1 + sum_{i<k} r_i) / cost(k)
 
-   tokens per step-equivalent, r_i being the chance that positions 0..i are all kept
-   (rates.py) and c the drafter's own cost per token in target forwards (0 for a lookup;
-   for a draft model or a head, measured once it has drafted a few times: its seconds per
-   draft position over one slot's share of a plain step, `DraftWorth.draft_cost`); no
-   draft is worth 1. A drafter that pays per token is asked for the length worth the most
-   with its drafting counted, and not at all where none is worth MIN_GAIN (but a few
-   times while its rates are unknown, EXPLORE, and now and then after, REVISIT, so that
-   the rates follow the text). What it drafts is then cut to the length worth the most to
-   verify, drafting being paid by then, or dropped where no length is worth MIN_GAIN.
+   tokens per step-equivalent, r_i being the chance that positions 0..i of the draft are
+   all kept (rates.py, per tier); no draft is worth 1. A drafter that pays per token is
+   asked, before it drafts, for the length worth the most with its drafting counted:
+
+       ask(k) = (1 + y sum_{i<k} r_i) / ((1 - y) cost(0) + y cost(k) + c * k)
+
+   with c its cost per draft token in target forwards (measured once it has drafted a few
+   times: its seconds per draft position over one slot's share of a plain step,
+   `DraftWorth.draft_cost`), r_i its rates over drafts of every tier, and y the share of
+   its recent asks that gave a draft at all (a draft model stops under p_min, often at
+   once). It is not asked where no length is worth MIN_GAIN (but a few times while its
+   rates are unknown, EXPLORE, and now and then after, REVISIT, so that the rates follow
+   the text). What it drafts is then cut to the length worth the most to verify, drafting
+   being paid by then, or dropped where no length is worth MIN_GAIN. A drafter that drafts
+   for free (a lookup) is asked for n_max.
 
 `Speculator.draft` (base.py) applies the second half to every drafter; a chain (chain.py)
 compares its drafters' drafts by the same values.
@@ -34,7 +40,7 @@ from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from specserve.speculative.cost import ForwardCost
-from specserve.speculative.rates import at
+from specserve.speculative.rates import ANY, at
 
 if TYPE_CHECKING:  # base.py builds a DraftWorth per speculator
     from specserve.speculative.base import Draft, DraftRequest, Speculator
@@ -59,6 +65,13 @@ REVISIT = 16
 # the softmax for p_min are paid per ask as well (docs/perf/2026-11-27-eagle3-1.5b.md)
 PRICED = 3
 PRICE_KEEP = 16
+# y, the share of asks that give a draft, is learnt over the last YIELD_KEEP asks (it follows
+# the text: prose leaves a draft model unsure more often than code), starting from YIELD_PRIOR
+# asks that gave one. Learnt as drafts whose first token missed, an ask that gave nothing
+# dragged the rates of what the drafter did draft down with it: the 0.5B's head, whose drafts
+# kept 80 % on C, was judged by 38 % and no longer asked (docs/perf/2026-11-28-eagle3-unsure.md)
+YIELD_KEEP = 32
+YIELD_PRIOR = 2
 
 
 class DraftBudget:
@@ -100,6 +113,7 @@ class DraftWorth:
     def __init__(self, drafter: Speculator) -> None:
         self.drafter = drafter
         self._prices: deque[float] = deque(maxlen=PRICE_KEEP)  # its asks' measured costs
+        self._yields: deque[bool] = deque(maxlen=YIELD_KEEP)  # whether each ask gave a draft
         self._asked: dict[int, tuple[int, int]] = {}  # slot -> (context length, n_max) asked
         self.explored = 0  # asks made against the estimate, to learn the rates (EXPLORE)
         self.declined = 0  # asks not made since the last revisit (REVISIT)
@@ -120,6 +134,15 @@ class DraftWorth:
         positions = sum(min(r.n_max, len(d) + 1) for r, d in zip(asked, made, strict=True))
         if steady and unit and positions > 0 and seconds > 0:
             self._prices.append(seconds / positions / unit)
+
+    def yielded(self, made: bool) -> None:
+        """An ask gave a draft (made) or nothing (the drafter was unsure of its first token)."""
+        self._yields.append(made)
+
+    @property
+    def yield_rate(self) -> float:
+        """y: the share of recent asks that gave a draft (YIELD_KEEP, YIELD_PRIOR)."""
+        return (sum(self._yields) + YIELD_PRIOR) / (len(self._yields) + YIELD_PRIOR)
 
     def _steady(self, req: DraftRequest) -> bool:
         """Whether the slot was asked the step before: its context grew by at most that
@@ -145,13 +168,20 @@ class DraftWorth:
             return prior
         return statistics.median(self._prices)
 
-    def values(
-        self, req: DraftRequest, n: int, draft_cost: float = 0.0, tier: int = 0
-    ) -> list[float]:
+    def values(self, req: DraftRequest, n: int, tier: int = 0) -> list[float]:
         """value(k) for k = 0..n (the module doc), for a draft of this tier on req's slot."""
         rates = self.drafter.acceptance_rates(req.slot, n, tier)
-        gains = list(accumulate(rates, initial=1.0))
-        return [g / (req.verify_cost(k) + draft_cost * k) for k, g in enumerate(gains)]
+        gains = accumulate(rates, initial=1.0)
+        return [g / req.verify_cost(k) for k, g in enumerate(gains)]
+
+    def ask_values(self, req: DraftRequest, n: int, draft_cost: float) -> list[float]:
+        """ask(k) for k = 0..n (the module doc): what asking for k tokens is worth, its
+        drafting counted, whatever tier the draft turns out to be."""
+        y = self.yield_rate
+        rates = self.drafter.acceptance_rates(req.slot, n, ANY)
+        gains = accumulate((y * r for r in rates), initial=1.0)
+        unsure = (1 - y) * req.verify_cost(0)
+        return [g / (unsure + y * req.verify_cost(k) + draft_cost * k) for k, g in enumerate(gains)]
 
     def value(self, req: DraftRequest, d: Draft) -> float:
         """What verifying the whole of draft `d` is worth."""
@@ -159,7 +189,7 @@ class DraftWorth:
 
     def best_value(self, req: DraftRequest) -> float:
         """The most a draft of up to n_max tokens, counting its drafting cost, is worth."""
-        return max(self.values(req, req.n_max, self.draft_cost))
+        return max(self.ask_values(req, req.n_max, self.draft_cost))
 
     def ask_length(self, req: DraftRequest) -> int | None:
         """How many tokens the drafter is asked for; None: it is not asked. A drafter that
@@ -171,7 +201,7 @@ class DraftWorth:
         if req.slot in self._revisits:
             self._revisits.discard(req.slot)
             return 1
-        values = self.values(req, req.n_max, draft_cost)
+        values = self.ask_values(req, req.n_max, draft_cost)
         best = _best_length(values)
         if best and values[best] >= MIN_GAIN:
             return best

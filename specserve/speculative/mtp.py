@@ -12,11 +12,14 @@ Its attention layer keeps its own KV cache here, one row per position i, so that
   target's real hidden states for those positions arrive.
 
 Drafts are argmax tokens without probabilities, like the draft model's, so verification
-keeps speculation on == off token for token (speculative/verify.py).
+keeps speculation on == off token for token (speculative/verify.py). The first is proposed
+however unsure the head is, the draft's tier saying how sure (`CONFIDENCE`), so that which
+are worth verifying is learnt (rates.py); later ones stop under the request's p_min.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -28,6 +31,13 @@ from specserve.models.layers.embedding import Embedding
 from specserve.models.qwen3_next import MtpHead
 from specserve.speculative.base import Draft, DraftRequest, Speculator
 from specserve.speculative.verify import Stream, position_uniforms, sample_from_probs
+
+# a head's first draft token is proposed however unsure the head is, and labelled with its
+# probability's class among these: which classes are worth verifying is learnt (rates.py)
+# rather than set by one p_min. At llama.cpp's 0.75 most asks of the 0.5B's head gave
+# nothing, on code whose unsure tokens it still got right more often than not
+# (docs/perf/2026-11-28-eagle3-unsure.md)
+CONFIDENCE = (0.2, 0.4, 0.6, 0.8)
 
 
 class HiddenSource(Protocol):
@@ -154,10 +164,12 @@ class HiddenStateDrafter(Speculator):
                 if self.sample_drafts and req.temperature > 0:
                     tok, q = self._sample(req, logits, len(draft))
                     probs[slot].append(q)
-                else:  # the argmax, kept where the head is sure enough (llama.cpp's p_min)
+                else:
                     best = int(logits.argmax())
-                    if req.p_min > 0 and _probability(logits, best) < req.p_min:
-                        continue
+                    if not draft:  # the first token at any confidence, which labels the draft
+                        draft.tier = confidence_tier(_probability(logits, best))
+                    elif req.p_min > 0 and _probability(logits, best) < req.p_min:
+                        continue  # later ones where the head is sure enough (llama.cpp's p_min)
                     tok = self._target_id(best)
                 draft.tokens.append(tok)
                 if len(draft) < req.n_max:
@@ -178,6 +190,12 @@ class HiddenStateDrafter(Speculator):
         q = torch.softmax(self._target_logits(logits).double() / req.temperature, dim=-1)
         u = position_uniforms([req.seed], [len(req.tokens) + j], Stream.DRAFT, q.device)
         return int(sample_from_probs(q[None], u)[0]), q
+
+
+def confidence_tier(p: float) -> int:
+    """A draft's tier (rates.py) from the head's probability of its first token: 1 (under
+    the first of CONFIDENCE) to len(CONFIDENCE) + 1. Sampled drafts keep tier 0."""
+    return 1 + bisect.bisect_right(CONFIDENCE, p)
 
 
 def _probability(logits: torch.Tensor, token: int) -> float:

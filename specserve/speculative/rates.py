@@ -12,6 +12,9 @@ overall rate:
     q(i)      = (slot's tier kept_i + SLOT_PRIOR q_tier(i)) / (... reached_i + SLOT_PRIOR)
     r(i)      = q(0) * ... * q(i)     the chance positions 0..i are all kept
 
+Whether to ask a costly drafter at all is judged before its draft shows a tier, so by the
+rates of its drafts of every tier (`ANY`: the overall rates, then the slot's own).
+
 "reached" counts drafts whose position i the target got to (every earlier one kept). Per
 slot because one request (a code edit) is far more predictable than another (prose).
 
@@ -29,6 +32,9 @@ from dataclasses import dataclass, field
 
 TIER_PRIOR = 4  # a tier's rates start from the drafter's overall ones, worth this many drafts
 SLOT_PRIOR = 4  # a slot's rates start from its tier's, worth this many drafts
+# the tier of a draft not yet made: whether to ask a drafter is judged before it says how
+# sure it is, so by its drafts of every tier (overall, then the slot's of every tier)
+ANY = -1
 
 
 def grow(counts: list[int], n: int) -> None:
@@ -88,11 +94,14 @@ class AcceptanceModel:
 
     def learn(self, slot: int, tier: int, n_kept: int, n_proposed: int) -> None:
         """A draft of n_proposed tokens on `slot` had its first n_kept kept."""
-        for tally in (self.overall, self._tier(tier), self._slot(slot, tier)):
+        tallies = [self.overall, self._tier(tier), self._slot(slot, tier)]
+        if tier != ANY:
+            tallies.append(self._slot(slot, ANY))
+        for tally in tallies:
             tally.add(n_kept, n_proposed)
 
     def rates(self, slot: int, tier: int, n: int) -> list[float]:
-        """r(0)..r(n-1) for a draft of this tier on this slot."""
+        """r(0)..r(n-1) for a draft of this tier (ANY: of whatever tier) on this slot."""
         by_tier = self._tiers.get(tier, Tally())
         by_slot = self._slots.get(slot, {}).get(tier, Tally())
         rates: list[float] = []
@@ -103,6 +112,11 @@ class AcceptanceModel:
             r *= by_slot.rate(i, q_tier, SLOT_PRIOR)
             rates.append(r)
         return rates
+
+    @property
+    def tiers(self) -> list[int]:
+        """The tiers of the drafts learnt from so far."""
+        return sorted(self._tiers)
 
     def hold(self, slot: int, context_len: int, tokens: Sequence[int], tier: int) -> None:
         """A draft made after `context_len` tokens was not verified: check its first token

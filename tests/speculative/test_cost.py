@@ -17,6 +17,7 @@ from specserve.speculative.draft_length import (
     DraftBudget,
     DraftWorth,
 )
+from specserve.speculative.rates import ANY
 
 
 class Fixed(Speculator):
@@ -255,16 +256,60 @@ def test_costly_drafter_is_asked_for_the_length_worth_drafting() -> None:
     spec.accept(0, 2)
 
 
-def test_costly_drafter_giving_nothing_counts_as_a_miss() -> None:
+def test_costly_drafter_giving_nothing_is_asked_less_and_keeps_its_rates() -> None:
     spec = Seen([])
     before = spec.acceptance_rates(0, 1)[0]
     for _ in range(10):
         (d,) = spec.draft([DraftRequest(0, [0], 4, cost=[1.0] * 5)])
         assert d.tokens == []
         spec.accept(0, 0)
-    # each empty answer lowers the rate, until asking is not worth its drafting cost
-    assert spec.acceptance_rates(0, 1)[0] < before
-    assert 0 < spec.asked < 10
+    # each empty answer lowers the share of asks that give a draft, until asking is not
+    # worth its drafting cost; what it would draft is no worse known than before
+    assert spec.worth.yield_rate < 0.5 and 0 < spec.asked < 10
+    assert spec.acceptance_rates(0, 1)[0] == before
+
+
+class Unsure(Fixed):
+    """A costly drafter that gives its tokens on every `every`-th ask, nothing otherwise."""
+
+    def __init__(self, tokens: list[int], every: int) -> None:
+        super().__init__(tokens, "unsure", cost=0.1)
+        self.every = every
+
+    def _draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        drafts = super()._draft(requests)
+        return [d if self.asked % self.every == 0 else Draft() for d in drafts]
+
+
+def test_an_unsure_drafter_is_judged_by_the_drafts_it_makes() -> None:
+    """Sure once in three asks and then always right: its drafts are worth verifying (kept
+    whole, rates near 1) and asking it pays. Had its empty answers counted as misses, its
+    first-token rate would be near 1/3 and, a row costing 0.3 steps, every draft cut."""
+    spec = Unsure([1], every=3)
+    made, verified = 0, 0
+    for _ in range(60):
+        before = spec.asked
+        (d,) = spec.draft([DraftRequest(0, [0], 1, cost=[1.0, 1.3])])
+        assert spec.asked == before + 1  # asked every step
+        made += spec.asked % spec.every == 0
+        verified += len(d)
+        spec.accept(0, len(d))
+    assert verified == made == 20
+    assert spec.acceptance_rates(0, 1)[0] > 0.9
+    assert spec.worth.yield_rate == pytest.approx(1 / 3, abs=0.1)
+
+
+def test_whether_to_ask_reads_the_slots_drafts_of_every_tier() -> None:
+    """Tiers 1 (never kept) and 2 (always kept) on slot 0, only tier 1 on slot 1: asking
+    is judged per slot by all its drafts, a made draft by its own tier."""
+    rates = Fixed([1]).rates
+    for _ in range(20):
+        rates.learn(0, 1, 0, 1)
+        rates.learn(0, 2, 1, 1)
+        rates.learn(1, 1, 0, 1)
+    slot0, slot1 = rates.rates(0, ANY, 1)[0], rates.rates(1, ANY, 1)[0]
+    assert 0.4 < slot0 < 0.6 and slot1 < 0.2
+    assert rates.rates(1, 2, 1)[0] > 0.8  # a sure draft on slot 1 by its tier's record
 
 
 class Slow(Fixed):

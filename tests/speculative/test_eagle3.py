@@ -38,7 +38,15 @@ def _prompts() -> list[list[int]]:
     return out
 
 
-def _run(model, types: str, head: Eagle3Head | None, prompts, n_max: int = 8, **runner_args):  # noqa: ANN001, ANN003, ANN201
+def _run(
+    model,
+    types: str,
+    head: Eagle3Head | None,
+    prompts,
+    n_max: int = 8,
+    p_min: float = 0.0,
+    **runner_args,
+):  # noqa: ANN001, ANN003, ANN201
     runner = ModelRunner(model, num_slots=len(prompts), max_len=CTX, **runner_args)
     if head is not None:
         head = head.to(runner.device)  # the heads are made on the CPU; the target may not be
@@ -48,7 +56,7 @@ def _run(model, types: str, head: Eagle3Head | None, prompts, n_max: int = 8, **
         else None
     )
     params = SamplingParams(temperature=0, max_tokens=N_TOKENS)
-    reqs = [Request(p, params, SpecParams(n_max=n_max, p_min=0.0)) for p in prompts]
+    reqs = [Request(p, params, SpecParams(n_max=n_max, p_min=p_min)) for p in prompts]
     # verify rows nearly free, so the head is asked even after misses: more cases covered
     Engine(runner, spec, cost=ForwardCost(measure=False, per_row=0.05)).generate(reqs)
     return [r.output for r in reqs], spec
@@ -111,6 +119,22 @@ def test_hybrid_target_with_eagle3_equals_plain(rollback: str) -> None:
     assert out == plain
     assert spec is not None and spec.stats.tokens_accepted > 0
     SEEN.add(spec.stats)
+
+
+def test_an_unsure_head_still_drafts_its_first_token_labelled_by_confidence(
+    bigram,
+    reference,  # noqa: ANN001
+) -> None:
+    """p_min 1: the head is never sure. Its first tokens are drafted all the same, in
+    confidence tiers whose rates are learnt apart; no draft goes past its first token."""
+    head = foreseeing_head(bigram, noise=0.6)
+    with torch.no_grad():
+        head.lm_head.weight.mul_(6.0)  # the same argmax, sure on some tokens and not others
+    out, spec = _run(bigram, "eagle3", head, _prompts(), p_min=1.0)
+    assert out == reference
+    assert spec is not None and spec.stats.tokens_accepted > 0
+    assert len(spec.stats.proposed_per_pos) == 1
+    assert len(spec.rates.tiers) > 1 and set(spec.rates.tiers) <= {1, 2, 3, 4, 5}
 
 
 def test_empty_rejected_and_full_drafts_all_occurred() -> None:
