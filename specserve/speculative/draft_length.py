@@ -170,15 +170,18 @@ class DraftWorth:
 
     def values(self, req: DraftRequest, n: int, tier: int = 0) -> list[float]:
         """value(k) for k = 0..n (the module doc), for a draft of this tier on req's slot."""
-        rates = self.drafter.acceptance_rates(req.slot, n, tier)
-        gains = accumulate(rates, initial=1.0)
-        return [g / req.verify_cost(k) for k, g in enumerate(gains)]
+        return self._per_step(req, n, tier)
 
     def ask_values(self, req: DraftRequest, n: int, draft_cost: float) -> list[float]:
         """ask(k) for k = 0..n (the module doc): what asking for k tokens is worth, its
         drafting counted, whatever tier the draft turns out to be."""
-        y = self.yield_rate
-        rates = self.drafter.acceptance_rates(req.slot, n, ANY)
+        return self._per_step(req, n, ANY, self.yield_rate, draft_cost)
+
+    def _per_step(
+        self, req: DraftRequest, n: int, tier: int, y: float = 1.0, draft_cost: float = 0.0
+    ) -> list[float]:
+        """ask(k) for k = 0..n; a made draft's value(k) is its case y = 1, c = 0."""
+        rates = self.drafter.acceptance_rates(req.slot, n, tier)
         gains = accumulate((y * r for r in rates), initial=1.0)
         unsure = (1 - y) * req.verify_cost(0)
         return [g / (unsure + y * req.verify_cost(k) + draft_cost * k) for k, g in enumerate(gains)]
