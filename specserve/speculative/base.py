@@ -17,9 +17,9 @@ to, what its `DraftWorth` (speculative/draft_length.py) says is worth verifying.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 import torch
 
@@ -167,12 +167,16 @@ class Speculator:
 
     def __init__(self) -> None:
         self.stats = SpecStats()
-        self.rates = AcceptanceModel()  # kept-rates, from which drafts are valued
+        # kept-rates, from which drafts are valued
+        self.rates = AcceptanceModel(self.first_rates)
         self.worth = DraftWorth(self)  # how long its drafts are (speculative/draft_length.py)
         # the draft proposed last for each slot (length, tier), so accept() can be checked
         # and counted
         self._last: dict[int, tuple[int, int]] = {}
         self._tenants: dict[int, str | None] = {}  # slot -> whose sequence it holds
+
+    # tier -> the prior of its first position where the tier is a probability (rates.py)
+    first_rates: ClassVar[Mapping[int, float]] = {}
 
     # drafting cost per token, in target forwards (a draft model's forward vs the target's)
     relative_cost: float = 0.0

@@ -20,6 +20,7 @@ are worth verifying is learnt (rates.py); later ones stop under the request's p_
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -38,6 +39,13 @@ from specserve.speculative.verify import Stream, position_uniforms, sample_from_
 # nothing, on code whose unsure tokens it still got right more often than not
 # (docs/perf/2026-11-28-eagle3-unsure.md)
 CONFIDENCE = (0.2, 0.4, 0.6, 0.8)
+
+
+def class_rates(bounds: Sequence[float]) -> dict[int, float]:
+    """Each confidence tier's probability midway between its bounds: the prior of its
+    first position's kept-rate (rates.py), as if the head were calibrated."""
+    edges = [0.0, *bounds, 1.0]
+    return {1 + i: (lo + hi) / 2 for i, (lo, hi) in enumerate(itertools.pairwise(edges))}
 
 
 class HiddenSource(Protocol):
@@ -80,6 +88,8 @@ class HiddenStateDrafter(Speculator):
     """A head fed the target's hidden states (`take_hidden`), with its own KV cache whose
     rows past the last exact one are dropped each step (the module doc). Subclasses give
     `_forward`: one head step over every slot's rows."""
+
+    first_rates = class_rates(CONFIDENCE)
 
     def __init__(
         self,

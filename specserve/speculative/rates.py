@@ -12,6 +12,12 @@ overall rate:
     q(i)      = (slot's tier kept_i + SLOT_PRIOR q_tier(i)) / (... reached_i + SLOT_PRIOR)
     r(i)      = q(0) * ... * q(i)     the chance positions 0..i are all kept
 
+A drafter whose tiers are its own probabilities (a head's: mtp.py) gives each tier's
+first position its class's probability as the prior in place of q_all(0) (`first_rates`).
+From the overall rate, a fresh engine verified a head's unsure drafts until their misses
+were learnt, and drafting them cost more than the few it kept (docs/perf/2026-11-28-
+eagle3-python.md).
+
 Whether to ask a costly drafter at all is judged before its draft shows a tier, so by the
 rates of its drafts of every tier (`ANY`: the overall rates, then the slot's own).
 
@@ -27,7 +33,7 @@ the prior's 1 in 2 (figures: docs/perf/cost.md).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 TIER_PRIOR = 4  # a tier's rates start from the drafter's overall ones, worth this many drafts
@@ -86,7 +92,9 @@ class _Held:
 class AcceptanceModel:
     """The rates of one drafter (module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, first_rates: Mapping[int, float] | None = None) -> None:
+        """first_rates: tier -> the prior of that tier's first position (the module doc)."""
+        self.first_rates = dict(first_rates or {})
         self.overall = Tally()
         self._tiers: dict[int, Tally] = {}
         self._slots: dict[int, dict[int, Tally]] = {}  # slot -> tier -> the sequence's drafts
@@ -108,7 +116,8 @@ class AcceptanceModel:
         q_all, r = 0.5, 1.0
         for i in range(n):
             q_all = self.overall.rate(i, q_all, 2)
-            q_tier = by_tier.rate(i, q_all, TIER_PRIOR)
+            prior = self.first_rates.get(tier, q_all) if i == 0 else q_all
+            q_tier = by_tier.rate(i, prior, TIER_PRIOR)
             r *= by_slot.rate(i, q_tier, SLOT_PRIOR)
             rates.append(r)
         return rates

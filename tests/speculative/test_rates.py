@@ -8,6 +8,7 @@ import pytest
 
 from specserve.speculative.base import Draft, DraftRequest, Speculator
 from specserve.speculative.draft_length import MIN_GAIN
+from specserve.speculative.mtp import CONFIDENCE, class_rates, confidence_tier
 from specserve.speculative.rates import TIER_PRIOR, AcceptanceModel
 from specserve.speculative.suffix import SuffixSpeculator, _tier
 
@@ -105,3 +106,25 @@ def test_suffix_drafts_carry_the_length_of_their_match_as_tier() -> None:
     spec.begin(2, fresh)
     (d,) = spec.draft([DraftRequest(2, fresh, 8)])
     assert d.tokens[:1] == [42] and d.tier == _tier(2, True)
+
+
+def test_a_probability_tier_starts_from_its_own_probability() -> None:
+    # a head's tiers are classes of its probability (mtp.py): before any is learnt, an
+    # unsure class is not worth a verify row where a sure one is
+    model = AcceptanceModel(class_rates(CONFIDENCE))
+    unsure, sure = confidence_tier(0.1), confidence_tier(0.95)
+    assert model.rates(0, unsure, 1)[0] == pytest.approx(0.1)
+    assert model.rates(0, sure, 1)[0] == pytest.approx(0.9)
+    # later positions and tiers without a class start from the overall rates, as before
+    assert model.rates(0, sure, 2)[1] == pytest.approx(0.9 * 0.5)
+    assert model.rates(0, 0, 1) == pytest.approx([0.5])
+    # the class's own record moves it, weighted TIER_PRIOR drafts
+    for _ in range(TIER_PRIOR):
+        model.learn(slot=3, tier=unsure, n_kept=1, n_proposed=1)
+    model.forget(3)
+    assert model.rates(0, unsure, 1)[0] == pytest.approx((TIER_PRIOR + TIER_PRIOR * 0.1) / 8)
+    spec = Oracle(list(range(100, 200)))
+    spec.rates = AcceptanceModel(class_rates(CONFIDENCE))
+    req = DraftRequest(0, [0], 2, cost=[1.0, 1.3, 1.6])
+    assert spec.worth.cut_length(req, Draft([1, 2], tier=unsure)) == 0
+    assert spec.worth.cut_length(req, Draft([1, 2], tier=sure)) >= 1
