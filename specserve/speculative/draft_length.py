@@ -20,9 +20,11 @@
    times: its seconds per draft position over one slot's share of a plain step,
    `DraftWorth.draft_cost`), r_i its rates over drafts of every tier, and y the share of
    its recent asks that gave a draft at all (a draft model stops under p_min, often at
-   once). It is not asked where no length is worth MIN_GAIN (but a few times while its
-   rates are unknown, EXPLORE, and now and then after, REVISIT, so that the rates follow
-   the text). What it drafts is then cut to the length worth the most to verify, drafting
+   once). Where its drafts come in several tiers (a head's confidence classes), ask(k) is
+   the mean over its tiers of the draft each would be cut to (`DraftWorth._by_tier`).
+   It is not asked where no length is worth MIN_GAIN (but a few times while its rates
+   are unknown, EXPLORE, and now and then after, REVISIT, so that the rates follow the
+   text). What it drafts is then cut to the length worth the most to verify, drafting
    being paid by then, or dropped where no length is worth MIN_GAIN. A drafter that drafts
    for free (a lookup) is asked for n_max.
 
@@ -174,8 +176,39 @@ class DraftWorth:
 
     def ask_values(self, req: DraftRequest, n: int, draft_cost: float) -> list[float]:
         """ask(k) for k = 0..n (the module doc): what asking for k tokens is worth, its
-        drafting counted, whatever tier the draft turns out to be."""
-        return self._per_step(req, n, ANY, self.yield_rate, draft_cost)
+        drafting counted, whatever tier the draft turns out to be. A drafter whose drafts
+        come in several tiers is judged by what each tier's draft would be cut to, as
+        often as that tier comes (`_by_tier`)."""
+        shares = self.drafter.rates.tier_shares(req.slot)
+        if len(shares) < 2:
+            return self._per_step(req, n, ANY, self.yield_rate, draft_cost)
+        return self._by_tier(req, n, draft_cost, shares)
+
+    def _by_tier(
+        self, req: DraftRequest, n: int, draft_cost: float, shares: dict[int, float]
+    ) -> list[float]:
+        """ask(k) as the mean over tiers t (share p_t) of a k-token draft cut to the k_t
+        worth verifying (k_t = 0: dropped, no row paid):
+
+            ask(k) = (1 + y sum_t p_t sum_{i<k_t} r_t,i)
+                     / ((1 - y) cost(0) + y sum_t p_t cost(k_t) + c k)
+
+        Judged by the rates of every tier at once, the 0.5B's head, whose unsure drafts are
+        dropped, was priced by them too and went unasked on C where its sure ones paid."""
+        y = self.yield_rate
+        gain = [1.0] * (n + 1)
+        paid = [(1 - y) * req.verify_cost(0) + draft_cost * k for k in range(n + 1)]
+        for tier, share in shares.items():
+            kept = list(accumulate(self.drafter.acceptance_rates(req.slot, n, tier), initial=0.0))
+            values = [(1 + g) / req.verify_cost(k) for k, g in enumerate(kept)]  # value(k)
+            cuts = [0] * (n + 1)  # k_t: the length a k-token draft is cut to (cut_length)
+            for k in range(1, n + 1):
+                best = cuts[k - 1]
+                cuts[k] = k if values[k] >= MIN_GAIN and values[k] > values[best] else best
+            for k in range(n + 1):
+                gain[k] += y * share * kept[cuts[k]]
+                paid[k] += y * share * req.verify_cost(cuts[k])
+        return [g / c for g, c in zip(gain, paid, strict=True)]
 
     def _per_step(
         self, req: DraftRequest, n: int, tier: int, y: float = 1.0, draft_cost: float = 0.0

@@ -122,6 +122,20 @@ class AcceptanceModel:
             rates.append(r)
         return rates
 
+    def tier_shares(self, slot: int) -> dict[int, float]:
+        """How the drafts to come on `slot` will likely split by tier: the slot's own drafts
+        so far, SLOT_PRIOR drafts' worth of every slot's. Empty before any draft."""
+        seen = {t: at(tally.reached, 0) for t, tally in self._tiers.items()}
+        total = sum(seen.values())
+        if not total:
+            return {}
+        own = self._slots.get(slot, {})
+        weights = {
+            t: at(own.get(t, Tally()).reached, 0) + SLOT_PRIOR * n / total for t, n in seen.items()
+        }
+        whole = sum(weights.values())
+        return {t: w / whole for t, w in weights.items()}
+
     @property
     def tiers(self) -> list[int]:
         """The tiers of the drafts learnt from so far."""

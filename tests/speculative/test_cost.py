@@ -12,6 +12,7 @@ from specserve.speculative.chain import ChainSpeculator
 from specserve.speculative.cost import HORIZON, KEEP, MIN_SAMPLES, PRIOR_PER_ROW, ForwardCost
 from specserve.speculative.draft_length import (
     EXPLORE,
+    MIN_GAIN,
     PRICED,
     REVISIT,
     DraftBudget,
@@ -382,3 +383,42 @@ def test_the_budget_sends_the_measured_step_with_the_cost() -> None:
     (ask,) = budget.limit([DraftRequest(0, [0], 2)], base_rows=2)
     assert ask.step_seconds == pytest.approx(0.04)  # one slot's share of the 2-row step
     assert ForwardCost(measure=False).share_seconds(1) is None
+
+
+class Tiered(Fixed):
+    """A costly drafter sure and right on every other ask (tier 5), unsure and wrong on the
+    rest (tier 1): the next token of `truth`, or a token that is never next."""
+
+    def __init__(self, truth: list[int]) -> None:
+        super().__init__([], "tiered", cost=0.15)
+        self.truth = truth
+
+    def _draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        self.asked += len(requests)
+        sure = self.asked % 2 == 0
+        return [
+            Draft([self.truth[len(r.tokens)]], tier=5) if sure else Draft([-1], tier=1)
+            for r in requests
+        ]
+
+
+def test_a_drafter_whose_unsure_drafts_are_dropped_is_judged_by_its_sure_ones() -> None:
+    """Half its drafts are kept, but the half it is sure of always are: verifying those
+    and dropping the rest pays, though the mean of both would not (a row costs 0.3)."""
+    truth = list(range(100, 400))
+    spec = Tiered(truth)
+    cost = [1.0, 1.3]
+    n, steps = 1, []
+    for _ in range(80):
+        before = spec.asked
+        (d,) = spec.draft([DraftRequest(0, truth[:n], 1, cost=cost)])
+        kept = int(bool(d) and d.tokens[0] == truth[n])
+        spec.accept(0, kept)
+        steps.append((spec.asked - before, len(d), kept))
+        n += kept + 1
+    late = steps[40:]
+    assert all(asked for asked, _, _ in late)
+    assert sum(v for _, v, _ in late) == 20 and all(k == v for _, v, k in late)  # sure ones
+    req = DraftRequest(0, truth[:n], 1, cost=cost)
+    mixed = spec.worth._per_step(req, 1, ANY, spec.worth.yield_rate, spec.worth.draft_cost)
+    assert mixed[1] < MIN_GAIN <= spec.worth.best_value(req)
