@@ -76,3 +76,19 @@ def test_the_module_holds_blocks_not_floats() -> None:
 def test_float_types_are_not_quantized() -> None:
     assert not any(is_quantized(t) for t in ("F32", "F16", "BF16"))
     assert all(is_quantized(t) for t in ("Q4_K", "Q5_0", "Q6_K", "Q8_0", "IQ4_NL"))
+
+
+def test_kept_rows_of_small_lookups_are_the_table_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    from specserve.models.layers import embedding
+
+    monkeypatch.setattr(embedding, "ROW_CACHE", 4)
+    table = _table("Q5_0")
+    whole = _whole(table).to(torch.bfloat16)
+    embed = QuantizedEmbedding(table, torch.bfloat16)
+    rng = np.random.default_rng(0)
+    for _ in range(40):  # decode-sized lookups that hit, miss and evict kept rows
+        ids = torch.from_numpy(rng.integers(0, 8, size=int(rng.integers(1, 4))))
+        assert torch.equal(_bits(embed(ids)), _bits(whole[ids]))
+    assert 0 < len(embed._rows) <= 4
+    big = torch.arange(ROWS)  # a prompt's lookup goes straight through
+    assert torch.equal(_bits(embed(big)), _bits(whole))

@@ -8,15 +8,25 @@ rows asked for, with the function the loader dequantizes whole tables with
 (`gguf.quants.dequantize`). Every GGML format dequantizes block by block, so a row comes out
 bit for bit as it does in the whole table; rows are then cast to the model's dtype, as the
 float table was (tests/models/test_embedding.py).
+
+A decode step looks up one row per slot, and an EAGLE-3 head one per draft step, each
+through the gguf package's numpy dequantizer, which took a seventh of a head step on the
+0.5B (docs/perf/2026-11-28-eagle3-calibrated.md); so the rows of small lookups are kept
+(`ROW_CACHE`, the least recently used dropped first).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
+
+# rows kept of small lookups: a few MB, and an answer uses far fewer distinct tokens
+ROW_CACHE = 4096
+SMALL = 16  # lookups of up to this many ids use the kept rows; a prompt's go straight through
 
 # GGML types that are plain numbers, not blocks: their tables stay nn.Embedding
 FLOAT_TYPES = frozenset(("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64"))
@@ -87,6 +97,7 @@ class QuantizedEmbedding(nn.Module):
         self.gguf_type = table.gguf_type
         self.num_embeddings, self.embedding_dim = table.shape
         self.dtype = dtype
+        self._rows: OrderedDict[int, torch.Tensor] = OrderedDict()  # id -> row (ROW_CACHE)
 
     @property
     def device(self) -> torch.device:
@@ -96,8 +107,29 @@ class QuantizedEmbedding(nn.Module):
         return QuantizedTable(self.raw, self.gguf_type, self.embedding_dim)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = self.table().lookup(ids.reshape(-1).to(device=self.raw.device, dtype=torch.long))
-        return rows.to(self.dtype).view(*ids.shape, self.embedding_dim)
+        flat = ids.reshape(-1).to(device=self.raw.device, dtype=torch.long)
+        if 0 < flat.numel() <= SMALL:
+            rows = self._kept(flat.tolist())
+        else:
+            rows = self.table().lookup(flat).to(self.dtype)
+        return rows.view(*ids.shape, self.embedding_dim)
+
+    def _kept(self, ids: list[int]) -> torch.Tensor:
+        """The rows of these ids in `dtype`, dequantized only where not kept already."""
+        kept = self._rows
+        if kept and next(iter(kept.values())).device != self.raw.device:
+            kept.clear()  # the module moved: rows are kept where its blocks are
+        missing = list(dict.fromkeys(i for i in ids if i not in kept))
+        if missing:
+            found = self.table().lookup(torch.tensor(missing, device=self.raw.device))
+            for i, row in zip(missing, found.to(self.dtype), strict=True):
+                kept[i] = row
+        for i in ids:
+            kept.move_to_end(i)
+        rows = torch.stack([kept[i] for i in ids])
+        while len(kept) > ROW_CACHE:
+            kept.popitem(last=False)
+        return rows
 
     def extra_repr(self) -> str:
         return (
