@@ -241,16 +241,23 @@ class DraftWorth:
         best = _best_length(values)
         if best and values[best] >= MIN_GAIN:
             return best
-        untried = at(self.drafter.rates.overall.reached, 0) < EXPLORE
-        if best and untried and self.explored < EXPLORE:  # the count: asks can come to nothing
+        if best and self._untried():
             self.explored += 1
             return 1
         return 1 if best and self._revisit_due() else None
 
+    def _untried(self) -> bool:
+        """Whether the drafter's rates are still its prior's (EXPLORE); counted in asks, as
+        asks can come to nothing."""
+        untried = at(self.drafter.rates.overall.reached, 0) < EXPLORE
+        return untried and self.explored < EXPLORE
+
     def may_ask(self, req: DraftRequest, beat: float) -> bool:
         """Whether a chain holding a draft worth `beat` for req's slot asks this drafter: if
-        it could do better, and now and then where it could not (REVISIT)."""
-        if self.best_value(req) > beat:
+        it could do better, while its rates are unknown (EXPLORE: judged by the prior alone,
+        the 0.5B draft went unasked for the 1.5B's first 15 steps after the head's first
+        draft missed), and now and then where it could not (REVISIT)."""
+        if self.best_value(req) > beat or (req.n_max > 0 and self._untried()):
             return True
         if req.n_max > 0 and self._revisit_due():
             self._revisits.add(req.slot)

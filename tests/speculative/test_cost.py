@@ -146,11 +146,13 @@ def test_costly_drafter_not_asked_where_no_draft_can_pay() -> None:
     spec.accept(0, 0)
 
 
+@pytest.mark.parametrize("in_chain", [False, True])
 @pytest.mark.parametrize("kept", [True, False])
-def test_an_untried_costly_drafter_is_asked_to_learn_its_rates(kept: bool) -> None:
+def test_an_untried_costly_drafter_is_asked_to_learn_its_rates(kept: bool, in_chain: bool) -> None:
     # the prior's 1 in 2 says a drafter costing 0.5 steps a token cannot pay (the 0.5B
     # draft model for the 1.5B target was never asked); a few one-token asks learn the truth
-    spec = Fixed([1, 2], cost=0.5)
+    drafter = Fixed([1, 2], cost=0.5)
+    spec: Speculator = ChainSpeculator([Fixed([], "lookup"), drafter]) if in_chain else drafter
     cost = [1.0, 1.2, 1.4]
     got = []
     for _ in range(EXPLORE + 4):
@@ -161,7 +163,7 @@ def test_an_untried_costly_drafter_is_asked_to_learn_its_rates(kept: bool) -> No
         assert got[0] == 1 and got[1:] == [2] * (EXPLORE + 3)
     else:  # every draft missed: asked EXPLORE times (later asks' drafts are cut once the
         # misses show), then no more
-        assert got[0] == 1 and got[EXPLORE:] == [0] * 4 and spec.asked == EXPLORE
+        assert got[0] == 1 and got[EXPLORE:] == [0] * 4 and drafter.asked == EXPLORE
 
 
 def _asked_while_always_right(spec: Speculator, drafter: Fixed, steps: int) -> list[int]:
