@@ -14,7 +14,10 @@ Between drafts already made, drafting is paid for, so only verification counts. 
 costly ones are asked in the order of what they promise this step, drafting counted: asked
 first, a head whose one-token drafts the draft model's then beat every time on code was
 paid for in every step, and the 1.5B's chain ran at 0.80-1.04 of its speed without the head
-(docs/perf/2026-11-27-eagle3-price.md).
+(docs/perf/2026-11-27-eagle3-price.md). The order takes each drafter's rates over all its
+tiers, a head's unsure drafts counted as verified: by what its drafts would be cut to, the
+head came first and the 0.5B draft's longer drafts went unasked, and the 1.5B's chain lost
+4-6 % on code (docs/perf/2026-11-28-eagle3-calibrated.md).
 """
 
 from __future__ import annotations
@@ -108,8 +111,8 @@ class ChainSpeculator(Speculator):
         then the costly ones by the most their drafts promise over the step's slots."""
         free = [c for c in self.children if c.relative_cost == 0]
         costly = [c for c in self.children if c.relative_cost > 0]
-        if len(costly) > 1:
-            costly.sort(key=lambda c: -sum(c.worth.best_value(r) for r in requests))
+        if len(costly) > 1:  # by the rates over all tiers: the module doc
+            costly.sort(key=lambda c: -sum(c.worth.best_value(r, False) for r in requests))
         return free + costly
 
     def _accept(self, slot: int, n_accepted: int, n_proposed: int) -> None:

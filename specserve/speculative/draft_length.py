@@ -174,12 +174,14 @@ class DraftWorth:
         """value(k) for k = 0..n (the module doc), for a draft of this tier on req's slot."""
         return self._per_step(req, n, tier)
 
-    def ask_values(self, req: DraftRequest, n: int, draft_cost: float) -> list[float]:
+    def ask_values(
+        self, req: DraftRequest, n: int, draft_cost: float, by_tier: bool = True
+    ) -> list[float]:
         """ask(k) for k = 0..n (the module doc): what asking for k tokens is worth, its
         drafting counted, whatever tier the draft turns out to be. A drafter whose drafts
         come in several tiers is judged by what each tier's draft would be cut to, as
-        often as that tier comes (`_by_tier`)."""
-        shares = self.drafter.rates.tier_shares(req.slot)
+        often as that tier comes (`_by_tier`; by_tier False: by its rates over all)."""
+        shares = self.drafter.rates.tier_shares(req.slot) if by_tier else {}
         if len(shares) < 2:
             return self._per_step(req, n, ANY, self.yield_rate, draft_cost)
         return self._by_tier(req, n, draft_cost, shares)
@@ -223,9 +225,10 @@ class DraftWorth:
         """What verifying the whole of draft `d` is worth."""
         return self.values(req, len(d), tier=d.tier)[len(d)]
 
-    def best_value(self, req: DraftRequest) -> float:
-        """The most a draft of up to n_max tokens, counting its drafting cost, is worth."""
-        return max(self.ask_values(req, req.n_max, self.draft_cost))
+    def best_value(self, req: DraftRequest, by_tier: bool = True) -> float:
+        """The most a draft of up to n_max tokens, counting its drafting cost, is worth
+        (by_tier: `ask_values`)."""
+        return max(self.ask_values(req, req.n_max, self.draft_cost, by_tier))
 
     def ask_length(self, req: DraftRequest) -> int | None:
         """How many tokens the drafter is asked for; None: it is not asked. A drafter that
