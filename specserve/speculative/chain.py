@@ -16,8 +16,8 @@ first, a head whose one-token drafts the draft model's then beat every time on c
 paid for in every step, and the 1.5B's chain ran at 0.80-1.04 of its speed without the head
 (docs/perf/2026-11-27-eagle3-price.md). The order takes each drafter's rates over all its
 tiers, a head's unsure drafts counted as verified: by what its drafts would be cut to, the
-head came first and the 0.5B draft's longer drafts went unasked, and the 1.5B's chain lost
-4-6 % on code (docs/perf/2026-11-28-eagle3-calibrated.md).
+head came first and the 0.5B draft's longer drafts went unasked, and the 1.5B's chain was
+slower on code (docs/perf/2026-11-28-eagle3-calibrated.md).
 """
 
 from __future__ import annotations

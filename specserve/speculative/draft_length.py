@@ -258,8 +258,8 @@ class DraftWorth:
     def may_ask(self, req: DraftRequest, beat: float) -> bool:
         """Whether a chain holding a draft worth `beat` for req's slot asks this drafter: if
         it could do better, while its rates are unknown (EXPLORE: judged by the prior alone,
-        the 0.5B draft went unasked for the 1.5B's first 15 steps after the head's first
-        draft missed), and now and then where it could not (REVISIT)."""
+        the 0.5B draft went unasked for the 1.5B's first steps after the head's first draft
+        missed), and now and then where it could not (REVISIT)."""
         if self.best_value(req) > beat or (req.n_max > 0 and self._untried()):
             return True
         if req.n_max > 0 and self._revisit_due():

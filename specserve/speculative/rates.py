@@ -18,8 +18,9 @@ From the overall rate, a fresh engine verified a head's unsure drafts until thei
 were learnt, and drafting them cost more than the few it kept (docs/perf/2026-11-28-
 eagle3-python.md).
 
-Whether to ask a costly drafter at all is judged before its draft shows a tier, so by the
-rates of its drafts of every tier (`ANY`: the overall rates, then the slot's own).
+Whether to ask a costly drafter at all is judged before its draft shows a tier, so by how
+its drafts split among tiers (`tier_shares`, draft_length.py) or by the rates of its drafts
+of every tier (`ANY`: the overall rates, then the slot's own).
 
 "reached" counts drafts whose position i the target got to (every earlier one kept). Per
 slot because one request (a code edit) is far more predictable than another (prose).

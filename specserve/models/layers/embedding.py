@@ -10,9 +10,9 @@ bit for bit as it does in the whole table; rows are then cast to the model's dty
 float table was (tests/models/test_embedding.py).
 
 A decode step looks up one row per slot, and an EAGLE-3 head one per draft step, each
-through the gguf package's numpy dequantizer, which took a seventh of a head step on the
-0.5B (docs/perf/2026-11-28-eagle3-calibrated.md); so the rows of small lookups are kept
-(`ROW_CACHE`, the least recently used dropped first).
+through the gguf package's numpy dequantizer, whose per-call cost was a sizeable share of
+a head step on the 0.5B (docs/perf/2026-11-28-eagle3-calibrated.md); so the rows of small
+lookups are kept (`ROW_CACHE`, the least recently used dropped first).
 """
 
 from __future__ import annotations
