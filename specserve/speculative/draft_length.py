@@ -203,10 +203,7 @@ class DraftWorth:
         for tier, share in shares.items():
             kept = list(accumulate(self.drafter.acceptance_rates(req.slot, n, tier), initial=0.0))
             values = [(1 + g) / req.verify_cost(k) for k, g in enumerate(kept)]  # value(k)
-            cuts = [0] * (n + 1)  # k_t: the length a k-token draft is cut to (cut_length)
-            for k in range(1, n + 1):
-                best = cuts[k - 1]
-                cuts[k] = k if values[k] >= MIN_GAIN and values[k] > values[best] else best
+            cuts = _cut_lengths(values)
             for k in range(n + 1):
                 gain[k] += y * share * kept[cuts[k]]
                 paid[k] += y * share * req.verify_cost(cuts[k])
@@ -281,9 +278,19 @@ class DraftWorth:
         step, so a short, doubtful draft is often worth less than none."""
         if not d or req.cost is None:
             return len(d)
-        values = self.values(req, len(d), tier=d.tier)
-        best = _best_length(values)
-        return best if values[best] >= MIN_GAIN else 0
+        return _cut_lengths(self.values(req, len(d), tier=d.tier))[len(d)]
+
+
+def _cut_lengths(values: Sequence[float]) -> list[int]:
+    """For k = 0..len(values) - 1, the length a k-token draft with these value(j) is cut
+    to: the j in 1..k of the highest value (the shortest of equals), 0 if that is under
+    MIN_GAIN. Running over k, so a head's ask value gets every k's cut in one pass."""
+    cuts, best = [0], 0
+    for k in range(1, len(values)):
+        if values[k] >= MIN_GAIN and (not best or values[k] > values[best]):
+            best = k
+        cuts.append(best)
+    return cuts
 
 
 def _best_length(values: Sequence[float]) -> int:
