@@ -45,8 +45,10 @@ TOPICS = ["a linked list", "binary search", "a JSON parser", "an LRU cache", "CS
 ASKS = ["Write a Python function for {}.", "Explain {} to a beginner.",
         "Write a short docstring and type hints for code about {}.",
         "What are common mistakes with {}?", "Write a test for {} with pytest."]  # fmt: skip
-# a head trained on Python alone kept 28 % of a C answer's tokens against 54 % of held-out
-# Python ones (docs/perf/2026-11-27-eagle3-int8.md): other languages and prose too
+# a head trained on Python alone kept half as many of a C answer's tokens as of Python ones
+# (docs/perf/2026-11-27-eagle3-int8.md): other languages and prose too. Python programs are a
+# kind of their own: ASKS are mostly explanations, and a head trained without them kept far
+# fewer of a Python answer's tokens than of a C one's (docs/perf/2026-11-28-eagle3-python.md)
 LANGUAGES = ["C", "C++", "Java", "JavaScript", "TypeScript", "Go", "Rust", "C#", "Bash", "SQL"]
 CODE_ASKS = ["Write a {lang} function for {topic}.", "Write a small {lang} program about {topic}.",
              "Explain {topic} with a short {lang} example."]  # fmt: skip
@@ -138,20 +140,26 @@ def default_out(model: str) -> Path:
 
 
 def asks(n: int, seed: int) -> list[str]:
-    """n prompts, taken in turn from three kinds so that the head sees more than one
+    """n prompts, taken in turn from four kinds so that the head sees more than one
     language's code: each ask about each topic in Python (the standard library's modules
-    among them), code in other languages, and prose."""
+    among them), programs in Python, code in other languages, and prose."""
     modules = sorted(p.stem for p in Path(sysconfig.get_paths()["stdlib"]).glob("[a-z]*.py"))
     topics = TOPICS + [f"Python's {m} module" for m in modules]
     kinds = [
         [a.format(t) for t in topics for a in ASKS],
-        [a.format(lang=g, topic=t) for t in TOPICS for g in LANGUAGES for a in CODE_ASKS],
+        code_asks(["Python"]),
+        code_asks(LANGUAGES),
         [a.format(t) for t in PROSE_TOPICS for a in PROSE_ASKS],
     ]
     for i, kind in enumerate(kinds):
         random.Random(seed + i).shuffle(kind)
     mixed = [k[j] for j in range(max(map(len, kinds))) for k in kinds if j < len(k)]
-    return mixed[:n]
+    return list(dict.fromkeys(mixed))[:n]  # "Write a Python function for ..." is in two kinds
+
+
+def code_asks(languages: list[str]) -> list[str]:
+    """Each code ask about each topic in each of these languages."""
+    return [a.format(lang=g, topic=t) for t in TOPICS for g in languages for a in CODE_ASKS]
 
 
 def cached_answers(

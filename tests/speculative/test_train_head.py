@@ -272,18 +272,23 @@ def test_answers_are_made_once_and_read_back(  # noqa: ANN201
     assert first == again == expected(5) and other == expected(6) != first
     assert made == [3, 3]
     # other prompts (a new version's ask set) are other answers, not the cached ones
-    monkeypatch.setattr(train_head, "PROSE_TOPICS", ["a well-kept secret"])
+    monkeypatch.setattr(train_head, "TOPICS", ["a well-kept secret"])
     train_head.cached_answers(loaded, "tiny", 3, 8, 5)
     assert made == [3, 3, 3]
 
 
-def test_the_prompts_take_python_other_languages_and_prose_in_turn() -> None:
+def test_the_prompts_take_python_its_programs_other_languages_and_prose_in_turn() -> None:
     asks = train_head.asks(30, seed=0)
     assert len(set(asks)) == 30
     prose = [a for a in asks if any(t in a for t in train_head.PROSE_TOPICS)]
     other = [a for a in asks if any(f" {g} " in a for g in train_head.LANGUAGES)]
-    assert len(prose) == len(other) == 10  # and the rest, Python
+    programs = set(train_head.code_asks(["Python"]))
+    assert len(prose) == len(other) == 7  # and the rest, Python
+    assert len(programs.intersection(asks)) == 8
     assert train_head.asks(30, seed=0) == asks != train_head.asks(30, seed=1)
+    # an ask in two kinds is asked once
+    everything = train_head.asks(10_000, seed=0)
+    assert len(everything) == len(set(everything)) and programs <= set(everything)
 
 
 def test_step_weights_weigh_each_unrolled_steps_loss(target) -> None:  # noqa: ANN001
