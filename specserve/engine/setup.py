@@ -22,7 +22,7 @@ from specserve.models.eagle3 import Eagle3Head
 from specserve.models.layers.invariant import make_batch_invariant
 from specserve.models.size import step_bytes
 from specserve.speculative.base import Speculator
-from specserve.speculative.cost import ForwardCost
+from specserve.speculative.cost import SEED_ROWS, ForwardCost
 from specserve.speculative.registry import build_speculator, parse_types
 
 
@@ -118,6 +118,8 @@ def build_engine(
     # drafts are cut to what verifying them costs on this machine, as measured while serving
     cost = ForwardCost(measure=True)
     engine = Engine(runner, speculator, cost=cost, threads=_threads(s), prompt_cache=s.cache_prompt)
+    if speculator is not None:
+        cost.seed(runner.time_rows, [n for n in SEED_ROWS if n <= ctx])
     mb = s.cache_ram_mb
     budget = default_budget() if mb is None else int(mb * 2**20)
     engine.prompts.use_store(PromptStore(budget), speculator)

@@ -18,6 +18,10 @@ the nearest measured point. Worked example, in any time unit, with T(1) = 100, T
 and T(9) = 260 measured: cost(1) = 1.9, cost(8) = 2.6, cost(4) = 1 + (190 + 3/7 * 70
 - 100) / 100 = 2.2.
 
+Before serving, the engine times a few forwards of each of SEED_ROWS (`seed`): a run that
+verifies drafts in most steps has few plain one-row steps, and T(1) was the median of the
+three or four it had, so cost(k) moved with each of them.
+
 Each timing is kept divided by the machine's speed at the time it was taken: the VMs this
 was built on drift within minutes, and with drafts verified in most steps of a 4-slot
 server, the plain 4-row step's timings were the last few seconds' while the 5-row ones were
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Callable, Sequence
 
 # per extra row, in forwards, until this machine has measured its own (a CPU in float32 is
 # 0.1-0.9 per row; a GPU ~0.01): high enough that speculation is not blind to verify cost
@@ -45,6 +50,10 @@ KEEP = 9  # timings kept per row count; their median resists one slow, interrupt
 HORIZON = 512
 MIN_SAMPLES = 3
 PACE = 5  # the speed is the median of the last PACE forwards' own: one interrupted step
+# row counts timed before serving (`seed`): one slot's plain step and drafts of 1-16 tokens.
+# Measured only while serving, a plain one-row step is rare once drafts are verified in most
+# steps, and cost(k) rested on its few samples (figures: docs/perf/2026-11-28-eagle3-resumed.md)
+SEED_ROWS = (1, 2, 3, 5, 9, 17)
 
 
 class ForwardCost:
@@ -72,6 +81,19 @@ class ForwardCost:
             self._pace.append(seconds / usual)
             self._speed = statistics.median(self._pace)
         samples.append((self._forwards, seconds / self._speed))
+
+    def seed(self, time_rows: Callable[[int], float], rows: Sequence[int] = SEED_ROWS) -> None:
+        """Record MIN_SAMPLES timings of each row count before serving, the counts taken in
+        turn so that a drift of the machine's speed meets them all alike; `time_rows(n)`
+        runs one forward of n rows and returns its seconds. The first, cold forward is not
+        kept. Live timings of a common row count soon push these out (KEEP); a rare one's
+        (the plain step, under drafts) keep them until HORIZON forwards have passed."""
+        if not (self.measure and rows):
+            return
+        time_rows(rows[0])
+        for _ in range(MIN_SAMPLES):
+            for n in rows:
+                self.record(n, time_rows(n))
 
     def seconds(self, rows: int) -> float:
         """T(rows), in seconds once measured, else in units of a prior one-row forward."""

@@ -9,7 +9,13 @@ import pytest
 
 from specserve.speculative.base import Draft, DraftRequest, Speculator
 from specserve.speculative.chain import ChainSpeculator
-from specserve.speculative.cost import HORIZON, KEEP, MIN_SAMPLES, PRIOR_PER_ROW, ForwardCost
+from specserve.speculative.cost import (
+    HORIZON,
+    KEEP,
+    MIN_SAMPLES,
+    PRIOR_PER_ROW,
+    ForwardCost,
+)
 from specserve.speculative.draft_length import (
     EXPLORE,
     MIN_GAIN,
@@ -98,6 +104,28 @@ def test_a_drift_of_the_machine_does_not_make_rare_row_counts_look_cheap() -> No
     # the fifth row would look free and every draft be verified
     assert cost.relative(4, 1)[1] == pytest.approx(2.0, rel=0.02)
     assert cost.seconds(5) == pytest.approx(0.375, rel=0.02)
+
+
+def test_seeded_timings_price_rows_before_serving_and_stay_where_rare() -> None:
+    calls: list[int] = []
+
+    def time_rows(n: int) -> float:
+        calls.append(n)
+        return 1.0 if len(calls) == 1 else (9 + n) / 100  # a cold first forward
+
+    cost = ForwardCost()
+    cost.seed(time_rows, (1, 2, 3, 5, 9))
+    assert calls == [1] + [1, 2, 3, 5, 9] * MIN_SAMPLES  # in turn; the cold one not kept
+    assert cost.relative(1, 8) == pytest.approx([1 + k / 10 for k in range(9)])
+    # a run that verifies a draft in every step times no plain step: the one-row price
+    # still stands on the seeded timings, the common row count's on its own
+    for _ in range(2 * KEEP):
+        cost.record(2, 0.11)
+    assert cost.relative(1, 1) == pytest.approx([1.0, 1.1])
+    assert cost.seconds(1) == pytest.approx(0.10)
+    unmeasured = ForwardCost(measure=False)
+    unmeasured.seed(time_rows)
+    assert len(calls) == 1 + 5 * MIN_SAMPLES  # nothing timed
 
 
 def test_unmeasured_cost_ignores_timings() -> None:

@@ -162,6 +162,7 @@ def test_engine_settings_load_the_head_named_by_draft_model(tmp_path: Path, monk
     from specserve.engine.setup import EngineSettings, build_engine
     from specserve.loading.eagle3 import save_eagle3
     from specserve.loading.model import LoadedModel
+    from specserve.speculative.cost import SEED_ROWS
     from tests.tiny import write_hf_folder
 
     write_hf_folder("qwen2", tmp_path / "tiny", seed=11)
@@ -174,6 +175,9 @@ def test_engine_settings_load_the_head_named_by_draft_model(tmp_path: Path, monk
     assert s.spec_types == ("eagle3",) and s.draft_head == str(tmp_path / "head")
     engine, _ = build_engine(s, target=target, progress=False)
     assert engine.speculator is not None and engine.speculator.name == "eagle3"
+    # its verify rows are priced by forwards timed before serving (speculative/cost.py)
+    assert [n for n, _ in engine.cost._known()] == [n for n in SEED_ROWS if n <= CTX]
+    assert engine.runner.memory.length(0) == 0  # the timed slot is free again
     monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path / "cache"))
     s = EngineSettings(str(tmp_path / "tiny"), "float64", spec_types=("eagle3",), ctx_size=CTX)
     with pytest.raises(SpecserveError, match="no EAGLE-3 head 'tiny-eagle3'"):
