@@ -45,7 +45,7 @@ TOPICS = ["a linked list", "binary search", "a JSON parser", "an LRU cache", "CS
 ASKS = ["Write a Python function for {}.", "Explain {} to a beginner.",
         "Write a short docstring and type hints for code about {}.",
         "What are common mistakes with {}?", "Write a test for {} with pytest."]  # fmt: skip
-# a head trained on Python alone kept half as many of a C answer's tokens as of Python ones
+# a head trained on Python alone kept far fewer of a C answer's tokens than of Python ones
 # (docs/perf/2026-11-27-eagle3-int8.md): other languages and prose too. Python programs are a
 # kind of their own: ASKS are mostly explanations, and a head trained without them kept far
 # fewer of a Python answer's tokens than of a C one's (docs/perf/2026-11-28-eagle3-python.md)

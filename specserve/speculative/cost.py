@@ -20,7 +20,7 @@ and T(9) = 260 measured: cost(1) = 1.9, cost(8) = 2.6, cost(4) = 1 + (190 + 3/7 
 
 Before serving, the engine times a few forwards of each of SEED_ROWS (`seed`): a run that
 verifies drafts in most steps has few plain one-row steps, and T(1) was the median of the
-three or four it had, so cost(k) moved with each of them.
+few it had, so cost(k) moved with each of them.
 
 Each timing is kept divided by the machine's speed at the time it was taken: the VMs this
 was built on drift within minutes, and with drafts verified in most steps of a 4-slot
