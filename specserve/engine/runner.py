@@ -253,21 +253,7 @@ class ModelRunner:
             p, rows = self._hidden[slot]
             self._hidden[slot] = (p, rows[: max(0, n_keep - p)])
 
-    def time_rows(self, rows: int) -> float:
-        """Seconds of one forward over `rows` tokens of slot 0 from empty, with every row's
-        logits as a verification has them; slot 0 is freed after. Only before serving (the
-        draft cost model's first timings: speculative/cost.py `seed`)."""
-        self.free(0)
-        tokens = [i % self.vocab_size for i in range(rows)]
-        self._sync()
-        t0 = time.perf_counter()
-        self.forward([SlotInput(0, tokens, rows)])
-        self._sync()
-        seconds = time.perf_counter() - t0
-        self.free(0)
-        return seconds
-
-    # measuring what rollback costs on this model (for `auto`) --------------------------------
+    # timing forwards on slot 0 before serving (rollback's `auto`, the draft cost model) -------
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -282,6 +268,15 @@ class ModelRunner:
             self._sync()
             best = min(best, time.perf_counter() - t0)
         return best
+
+    def time_rows(self, rows: int) -> float:
+        """Seconds of one forward over `rows` tokens of slot 0 from empty, with every row's
+        logits as a verification has them; slot 0 is freed after. Only before serving (the
+        draft cost model's first timings: speculative/cost.py `seed`)."""
+        tokens = [i % self.vocab_size for i in range(rows)]
+        seconds = self._timed([SlotInput(0, tokens, rows)], repeats=1)
+        self.free(0)
+        return seconds
 
     def _calibrate(self) -> None:
         """Time, on slot 0 (free at start-up), a 1-token forward, a k-token one with and

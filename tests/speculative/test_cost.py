@@ -9,13 +9,7 @@ import pytest
 
 from specserve.speculative.base import Draft, DraftRequest, Speculator
 from specserve.speculative.chain import ChainSpeculator
-from specserve.speculative.cost import (
-    HORIZON,
-    KEEP,
-    MIN_SAMPLES,
-    PRIOR_PER_ROW,
-    ForwardCost,
-)
+from specserve.speculative.cost import HORIZON, KEEP, MIN_SAMPLES, PRIOR_PER_ROW, ForwardCost
 from specserve.speculative.draft_length import (
     EXPLORE,
     MIN_GAIN,
