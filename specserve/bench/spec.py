@@ -128,6 +128,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
         choices=WEIGHT_MODES,
         help="the models' --weights (auto, as a server loads them by default; dequant: float)",
     )
+    p.add_argument(
+        "--draft-weights",
+        default="auto",
+        choices=WEIGHT_MODES,
+        help="the draft model's and head's --weights (auto: int4, as a server's default)",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument(
         "--repeats",
@@ -161,14 +167,19 @@ class Session:
         self.loaded: dict[str, LoadedModel] = {}
         self.plain: dict[tuple[str, str], Run] = {}  # (model, workload) -> no-spec run
 
-    def load(self, name: str) -> LoadedModel:
+    def load(self, name: str, draft: bool = False) -> LoadedModel:
+        """A model as a target, or as a draft (on --draft-weights)."""
         from specserve.loading.model import load_model
+        from specserve.models.layers.quant import draft_mode
 
-        if name not in self.loaded:
-            a = self.args
-            self.loaded[name] = load_model(name, a.dtype, progress=True, weights=a.weights)
-            self._warm_up(name)
-        return self.loaded[name]
+        a = self.args
+        weights = draft_mode(a.draft_weights) if draft else a.weights
+        key = name if weights == a.weights else f"{name} as a draft"
+        if key not in self.loaded:
+            self.loaded[key] = load_model(name, a.dtype, progress=True, weights=weights)
+            if key == name:
+                self._warm_up(name)
+        return self.loaded[key]
 
     def _warm_up(self, name: str) -> None:
         """One short generation, so the first timed run pays no one-time costs."""
@@ -230,12 +241,13 @@ class Session:
             model=model,
             dtype=a.dtype,
             weights=a.weights,
+            draft_weights=a.draft_weights,
             # room for the prompt, the answer and one last verification
             ctx_size=len(prompt) + n + a.draft_max + 8,
             spec_types=types,
             draft_model=a.draft_model if "draft" in types else None,
         )
-        draft = self.load(a.draft_model) if "draft" in types else None
+        draft = self.load(a.draft_model, draft=True) if "draft" in types else None
         engine, _ = build_engine(settings, target=self.load(model), draft=draft)
         if learned and not (engine.speculator and engine.speculator.learn(learned)):
             raise SpecserveError(f"{config}: none of its speculators learns shared outputs")

@@ -119,6 +119,14 @@ def _add_spec_args(p: argparse.ArgumentParser, default_spec: str) -> None:
         "$SPECSERVE_CACHE/heads (default: the model's own, <model>-eagle3, from train-head)",
     )
     s.add_argument(
+        "--draft-weights",
+        default="auto",
+        choices=WEIGHT_MODES,
+        help="--weights of the draft model and the EAGLE-3 head; auto (default): int4, "
+        "whatever their files hold (a draft's precision moves how many of its tokens are "
+        "kept, never the output, and int4 halves what a draft token reads from memory)",
+    )
+    s.add_argument(
         "--draft-probs",
         action="store_true",
         help="eagle3: a sampled request (temperature > 0) gets drafts sampled from the head "
@@ -178,6 +186,7 @@ def settings_from_args(args: argparse.Namespace) -> EngineSettings:
         draft_head=getattr(args, "draft_head", None),
         draft_probs=getattr(args, "draft_probs", False),
         weights=args.weights,
+        draft_weights=getattr(args, "draft_weights", None),
         deterministic=args.deterministic,
         prepack=args.prepack,
         threads=args.threads,

@@ -20,6 +20,7 @@ from specserve.loading.eagle3 import load_eagle3, own_head_name
 from specserve.loading.model import LoadedModel, load_model
 from specserve.models.eagle3 import Eagle3Head
 from specserve.models.layers.invariant import make_batch_invariant
+from specserve.models.layers.quant import draft_mode
 from specserve.models.size import step_bytes
 from specserve.speculative.base import Speculator
 from specserve.speculative.cost import SEED_ROWS, ForwardCost
@@ -40,6 +41,8 @@ class EngineSettings:
     draft_head: str | None = None
     draft_probs: bool = False  # eagle3: sampled requests get sampled drafts with probabilities
     weights: str = "dequant"  # dequant | int8 | int6 | int5 | int4 | auto (models/layers/quant.py)
+    # the draft model's and EAGLE-3 head's --weights (auto: DRAFT_AUTO); None: the target's
+    draft_weights: str | None = None
     deterministic: bool = False  # batch-invariant kernels (models/layers/invariant.py)
     prepack: bool = True  # float32 CPU linears on oneDNN's packed weights (layers/packed.py)
     threads: int = 0  # torch threads; 0 = 1 or all per forward, as measured (engine/threads.py)
@@ -82,10 +85,16 @@ def check_same_vocab(target: LoadedModel, draft: LoadedModel) -> None:
         )
 
 
-def load(s: EngineSettings, spec: str, progress: bool) -> LoadedModel:
-    """Load a target or draft model the way the settings say."""
+def load(s: EngineSettings, spec: str, progress: bool, weights: str | None = None) -> LoadedModel:
+    """Load a target or draft model the way the settings say (weights: --weights, if not
+    the target's)."""
     loaded = load_model(
-        spec, s.dtype, device=s.device, progress=progress, weights=s.weights, prepack=s.prepack
+        spec,
+        s.dtype,
+        device=s.device,
+        progress=progress,
+        weights=weights or s.weights,
+        prepack=s.prepack,
     )
     if s.deterministic:
         make_batch_invariant(loaded.model)
@@ -150,7 +159,7 @@ def _speculator(
     if draft is None:
         if not s.draft_model:
             raise SpecserveError("--spec-type draft needs --draft-model")
-        draft = load(s, s.draft_model, progress)
+        draft = load(s, s.draft_model, progress, draft_weights(s))
     check_same_vocab(target, draft)
     # a hybrid draft model rolls back to checkpoints it sets itself: no snapshot buffers
     mem = runner.memory
@@ -170,4 +179,9 @@ def _speculator(
 def _eagle3_head(s: EngineSettings, target: LoadedModel, runner: ModelRunner) -> Eagle3Head:
     """The head --draft-head (or --draft-model, alone) names, else the model's own."""
     name = s.draft_head or own_head_name(s.model)
-    return load_eagle3(name, target.cfg, runner.dtype, runner.device, s.weights)
+    return load_eagle3(name, target.cfg, runner.dtype, runner.device, draft_weights(s))
+
+
+def draft_weights(s: EngineSettings) -> str:
+    """The --weights of the settings' draft model and head."""
+    return s.weights if s.draft_weights is None else draft_mode(s.draft_weights)

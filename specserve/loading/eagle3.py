@@ -258,8 +258,8 @@ def load_eagle3(
     weights: str = "dequant",
 ) -> Eagle3Head:
     """An EAGLE-3 head (a path, or a name in the cache) for a target of config `target`;
-    weights: the target's --weights, so that a draft step reads as few bytes per weight as
-    a target step (a float32 head beside int8 weights cost a quarter of a step)."""
+    weights: its kernels (--draft-weights, as the engine resolves it; a float32 head beside
+    int8 weights cost a quarter of a step), auto meaning int8 here."""
     path = resolve_head(spec)
     reader = read_gguf_head if path.suffix == ".gguf" else read_hf_head
     cfg, tensors = reader(path, target)

@@ -102,14 +102,20 @@ def test_a_saved_head_keeps_its_residual_form(tmp_path: Path, target) -> None:  
     assert load_eagle3(tmp_path, target.cfg, torch.float64).cfg.norm_before_residual
 
 
-@pytest.mark.parametrize("weights", ["int8", "auto"])
+@pytest.mark.parametrize(
+    ("weights", "share", "similar"),
+    [("int8", (0.2, 0.35), 0.99), ("auto", (0.2, 0.35), 0.99), ("int4", (0.1, 0.2), 0.98)],
+)
 def test_a_head_beside_quantized_weights_is_quantized_too(
     weights: str,
+    share: tuple[float, float],
+    similar: float,
     tmp_path: Path,
     target,  # noqa: ANN001
 ) -> None:
-    """A head is served on the target's --weights kernels, so its step reads about a quarter
-    of the bytes a float32 one does; its logits stay those of the float head."""
+    """A head is served on quantized kernels (--draft-weights: int4 by default), so its
+    step reads about a quarter (int8) or an eighth (int4) of the bytes a float32 one does;
+    its logits stay close to those of the float head."""
     from specserve.models.size import step_bytes
 
     save_eagle3(random_head(target.cfg, draft_vocab=96, seed=3), tmp_path)
@@ -117,7 +123,7 @@ def test_a_head_beside_quantized_weights_is_quantized_too(
     quant = load_eagle3(tmp_path, target.cfg, torch.float32, "cpu", weights)
     assert not any(type(m) is torch.nn.Linear for m in quant.modules())
     assert any(type(m) is torch.nn.Linear for m in plain.modules())
-    assert 0.2 * step_bytes(plain) < step_bytes(quant) < 0.35 * step_bytes(plain)
+    assert share[0] * step_bytes(plain) < step_bytes(quant) < share[1] * step_bytes(plain)
     assert load_eagle3(tmp_path, target.cfg, torch.float64, "cpu", weights).fc.weight.dtype == (
         torch.float64  # no quantized kernel for float64: the head stays as the target does
     )
@@ -129,4 +135,4 @@ def test_a_head_beside_quantized_weights_is_quantized_too(
     )
     kept = want.isfinite()
     assert torch.equal(kept, got.isfinite())
-    assert torch.nn.functional.cosine_similarity(want[kept], got[kept], dim=0) > 0.99
+    assert torch.nn.functional.cosine_similarity(want[kept], got[kept], dim=0) > similar

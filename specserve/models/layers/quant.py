@@ -25,6 +25,16 @@ from specserve.ops.naive.lowbit import int4_groups
 
 GROUP = 32
 WEIGHT_MODES = ("auto", "dequant", "int8", "int6", "int5", "int4")
+# a draft model's or head's kernels under --draft-weights auto: a draft's precision moves
+# only how many of its tokens are kept, never the output, and int4 kept about as many as
+# int8 at about half the bytes a draft token reads (docs/perf/2026-11-28-draft-int4.md)
+DRAFT_AUTO = "int4"
+
+
+def draft_mode(weights: str) -> str:
+    """The --weights a draft is loaded with under --draft-weights `weights`."""
+    return DRAFT_AUTO if weights == "auto" else weights
+
 
 # GGUF tensor type -> the kernel `--weights auto` picks: 4-bit formats run on int4, Q5_0 on
 # int5 (the same symmetric blocks: exact), Q6_K on int6 (its own values: exact), the other
