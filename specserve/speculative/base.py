@@ -168,7 +168,7 @@ class Speculator:
     def __init__(self) -> None:
         self.stats = SpecStats()
         # kept-rates, from which drafts are valued
-        self.rates = AcceptanceModel(self.first_rates)
+        self.rates = AcceptanceModel(self.first_rates, self.prior)
         self.worth = DraftWorth(self)  # how long its drafts are (speculative/draft_length.py)
         # the draft proposed last for each slot (length, tier), so accept() can be checked
         # and counted
@@ -177,6 +177,8 @@ class Speculator:
 
     # tier -> the prior of its first position where the tier is a probability (rates.py)
     first_rates: ClassVar[Mapping[int, float]] = {}
+    # the chance each draft position is kept, before any is verified (rates.py)
+    prior: ClassVar[float] = 0.5
 
     # drafting cost per token, in target forwards (a draft model's forward vs the target's)
     relative_cost: float = 0.0

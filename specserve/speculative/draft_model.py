@@ -51,6 +51,11 @@ class DraftRunner(Protocol):
 
 class DraftModelSpeculator(Speculator):
     name = "draft"
+    # every token it drafts had at least p_min (0.75 by default) of its probability, so its
+    # rates start from what that promises, as a head's classes do (mtp.py), not from 1 in 2:
+    # from 1 in 2 the 1.5B's chain verified its head's drafts over the draft model's for
+    # its first steps, and kept none of them (docs/perf/2026-11-28-draft-int4.md)
+    prior = 0.8
 
     def __init__(self, runner: DraftRunner, relative_cost: float, prefill_chunk: int = 512) -> None:
         """relative_cost: one draft forward's cost in target forwards (about the size ratio)."""

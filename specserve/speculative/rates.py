@@ -7,13 +7,15 @@ drafter's drafts are kept far more often after a long match than after a 1-token
 own confidence class) and rates are learnt per tier, each starting from the drafter's
 overall rate:
 
-    q_all(i)  = (kept_i + 2 q_all(i-1)) / (reached_i + 2)      q_all(-1) = 1/2, the prior
+    q_all(i)  = (kept_i + 2 q_all(i-1)) / (reached_i + 2)      q_all(-1) = the prior
     q_tier(i) = (tier kept_i + TIER_PRIOR q_all(i)) / (tier reached_i + TIER_PRIOR)
     q(i)      = (slot's tier kept_i + SLOT_PRIOR q_tier(i)) / (... reached_i + SLOT_PRIOR)
     r(i)      = q(0) * ... * q(i)     the chance positions 0..i are all kept
 
-A drafter whose tiers are its own probabilities (a head's: mtp.py) gives each tier's
-first position its class's probability as the prior in place of q_all(0) (`first_rates`).
+The prior is 1/2, or what a drafter's tokens promise where each had to pass a probability
+(a draft model's, p_min: `Speculator.prior`). A drafter whose tiers are its own
+probabilities (a head's: mtp.py) gives each tier's first position its class's probability
+as the prior in place of q_all(0) (`first_rates`).
 From the overall rate, a fresh engine verified a head's unsure drafts until their misses
 were learnt, and drafting them cost more than the few it kept (docs/perf/2026-11-28-
 eagle3-python.md).
@@ -93,9 +95,11 @@ class _Held:
 class AcceptanceModel:
     """The rates of one drafter (module docstring)."""
 
-    def __init__(self, first_rates: Mapping[int, float] | None = None) -> None:
-        """first_rates: tier -> the prior of that tier's first position (the module doc)."""
+    def __init__(self, first_rates: Mapping[int, float] | None = None, prior: float = 0.5) -> None:
+        """first_rates: tier -> the prior of that tier's first position; prior: q_all(-1)
+        (the module doc)."""
         self.first_rates = dict(first_rates or {})
+        self.prior = prior
         self.overall = Tally()
         self._tiers: dict[int, Tally] = {}
         self._slots: dict[int, dict[int, Tally]] = {}  # slot -> tier -> the sequence's drafts
@@ -114,7 +118,7 @@ class AcceptanceModel:
         by_tier = self._tiers.get(tier, Tally())
         by_slot = self._slots.get(slot, {}).get(tier, Tally())
         rates: list[float] = []
-        q_all, r = 0.5, 1.0
+        q_all, r = self.prior, 1.0
         for i in range(n):
             q_all = self.overall.rate(i, q_all, 2)
             prior = self.first_rates.get(tier, q_all) if i == 0 else q_all

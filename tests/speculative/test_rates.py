@@ -128,3 +128,22 @@ def test_a_probability_tier_starts_from_its_own_probability() -> None:
     req = DraftRequest(0, [0], 2, cost=[1.0, 1.3, 1.6])
     assert spec.worth.cut_length(req, Draft([1, 2], tier=unsure)) == 0
     assert spec.worth.cut_length(req, Draft([1, 2], tier=sure)) >= 1
+
+
+def test_a_draft_models_rates_start_from_what_p_min_promises() -> None:
+    """Each token a draft model drafts passed p_min: before any is verified its draft is
+    worth verifying where the 1-in-2 prior's is not, and its misses still pull it down."""
+    from specserve.speculative.draft_model import DraftModelSpeculator
+
+    p = DraftModelSpeculator.prior
+    model = AcceptanceModel(prior=p)
+    assert model.rates(0, 0, 3) == pytest.approx([p, p * p, p**3])
+    assert AcceptanceModel().rates(0, 0, 2) == pytest.approx([0.5, 0.25])
+    req = DraftRequest(0, [0], 2, cost=[1.0, 1.5, 1.9])
+    fresh, promised = Oracle(list(range(100, 200))), Oracle(list(range(100, 200)))
+    promised.rates = AcceptanceModel(prior=p)
+    assert fresh.worth.cut_length(req, Draft([1, 2])) == 0
+    assert promised.worth.cut_length(req, Draft([1, 2])) == 2
+    for _ in range(8):
+        model.learn(slot=0, tier=0, n_kept=0, n_proposed=2)
+    assert model.rates(0, 0, 1)[0] < 0.2
