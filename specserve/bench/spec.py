@@ -173,7 +173,7 @@ class Session:
         from specserve.models.layers.quant import draft_mode
 
         a = self.args
-        weights = draft_mode(a.draft_weights) if draft else a.weights
+        weights = draft_mode(a.draft_weights, a.dtype, "cpu") if draft else a.weights
         key = name if weights == a.weights else f"{name} as a draft"
         if key not in self.loaded:
             self.loaded[key] = load_model(name, a.dtype, progress=True, weights=weights)

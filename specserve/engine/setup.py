@@ -184,4 +184,6 @@ def _eagle3_head(s: EngineSettings, target: LoadedModel, runner: ModelRunner) ->
 
 def draft_weights(s: EngineSettings) -> str:
     """The --weights of the settings' draft model and head."""
-    return s.weights if s.draft_weights is None else draft_mode(s.draft_weights)
+    if s.draft_weights is None:
+        return s.weights
+    return draft_mode(s.draft_weights, s.dtype, s.device)

@@ -55,13 +55,14 @@ def test_a_draft_model_runs_on_int4_under_auto(tiny: Path) -> None:
     engine, _ = build_engine(s, target=target, progress=False)
     draft = engine.speculator.runner.model  # type: ignore[union-attr]
     assert kernels(target.model) <= INT8 and kernels(draft) <= INT4 and kernels(draft)
-    engine.speculator.relative_cost = 0.05  # type: ignore[union-attr]  # asked, here as tiny
+    # priced as a far smaller draft model would be, so that the value model asks it
+    engine.speculator.relative_cost = 0.05  # type: ignore[union-attr]
     plain, _ = build_engine(EngineSettings(str(tiny), "float32", weights="int8", ctx_size=CTX),
                             target=target, progress=False)  # fmt: skip
     # the int4 draft proposes other tokens than the int8 target would, and is kept or not
     assert _greedy(engine, 48) == _greedy(plain, 48)
     stats = engine.speculator.stats  # type: ignore[union-attr]
-    assert stats.drafts_generated > 0  # verified, and rejected: random weights at int4
+    assert stats.drafts_generated > 0  # its drafts were verified
 
 
 def test_a_head_follows_draft_weights_and_none_means_the_targets(tiny: Path) -> None:
@@ -83,3 +84,12 @@ def test_the_server_flag_defaults_to_auto() -> None:
     args = build_parser().parse_args(["serve", "-m", "x.gguf", "--draft-weights", "int8"])
     assert settings_from_args(args).draft_weights == "int8"
     assert EngineSettings().draft_weights is None  # the library's default: the target's
+
+
+def test_auto_keeps_floats_where_no_quantized_kernel_runs() -> None:
+    from specserve.models.layers.quant import draft_mode
+
+    assert draft_mode("auto", "float32", "cpu") == "int4"
+    assert draft_mode("auto", "float64", "cpu") == "auto"  # loads as dequant, like --weights
+    assert draft_mode("auto", "float32", "cuda") == "auto"
+    assert draft_mode("int8", "float32", "cpu") == "int8"

@@ -31,9 +31,12 @@ WEIGHT_MODES = ("auto", "dequant", "int8", "int6", "int5", "int4")
 DRAFT_AUTO = "int4"
 
 
-def draft_mode(weights: str) -> str:
-    """The --weights a draft is loaded with under --draft-weights `weights`."""
-    return DRAFT_AUTO if weights == "auto" else weights
+def draft_mode(weights: str, dtype: str, device: str) -> str:
+    """The --weights a draft is loaded with under --draft-weights `weights`: auto stays auto
+    (float weights) where no quantized kernel runs, float64 or off the CPU."""
+    if weights != "auto" or dtype == "float64" or torch.device(device).type != "cpu":
+        return weights
+    return DRAFT_AUTO
 
 
 # GGUF tensor type -> the kernel `--weights auto` picks: 4-bit formats run on int4, Q5_0 on
