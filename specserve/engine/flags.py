@@ -122,9 +122,10 @@ def _add_spec_args(p: argparse.ArgumentParser, default_spec: str) -> None:
         "--draft-weights",
         default="auto",
         choices=WEIGHT_MODES,
-        help="--weights of the draft model and the EAGLE-3 head; auto (default): int4, "
-        "whatever their files hold (a draft's precision moves how many of its tokens are "
-        "kept, never the output, and int4 halves what a draft token reads from memory)",
+        help="--weights of the draft model and the EAGLE-3 head; auto (default): int4 on "
+        "the CPU, whatever their files hold, and float weights where --weights auto keeps "
+        "them (float64, GPU); a draft's precision moves how many of its tokens are kept, "
+        "never the output, and int4 halves what a draft token reads from memory",
     )
     s.add_argument(
         "--draft-probs",
