@@ -169,11 +169,11 @@ class Session:
 
     def load(self, name: str, draft: bool = False) -> LoadedModel:
         """A model as a target, or as a draft (on --draft-weights)."""
-        from specserve.loading.model import load_model
+        from specserve.loading.model import load_model, parse_dtype
         from specserve.models.layers.quant import draft_mode
 
         a = self.args
-        weights = draft_mode(a.draft_weights, a.dtype, "cpu") if draft else a.weights
+        weights = draft_mode(a.draft_weights, parse_dtype(a.dtype), "cpu") if draft else a.weights
         key = name if weights == a.weights else f"{name} as a draft"
         if key not in self.loaded:
             self.loaded[key] = load_model(name, a.dtype, progress=True, weights=weights)

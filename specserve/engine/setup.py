@@ -17,7 +17,7 @@ from specserve.engine.runner import DEFAULT_SNAPSHOT_DEPTH, ModelRunner
 from specserve.engine.threads import ThreadTuner
 from specserve.errors import SpecserveError
 from specserve.loading.eagle3 import load_eagle3, own_head_name
-from specserve.loading.model import LoadedModel, load_model
+from specserve.loading.model import LoadedModel, load_model, parse_dtype
 from specserve.models.eagle3 import Eagle3Head
 from specserve.models.layers.invariant import make_batch_invariant
 from specserve.models.layers.quant import draft_mode
@@ -186,4 +186,4 @@ def draft_weights(s: EngineSettings) -> str:
     """The --weights of the settings' draft model and head."""
     if s.draft_weights is None:
         return s.weights
-    return draft_mode(s.draft_weights, s.dtype, s.device)
+    return draft_mode(s.draft_weights, parse_dtype(s.dtype), s.device)

@@ -29,6 +29,7 @@ from specserve.models.layers.quant import (
     Int4Linear,
     Int8Linear,
     auto_mode,
+    quantized_kernels_run,
     swap_linears,
 )
 from specserve.models.registry import LanguageModel
@@ -219,7 +220,7 @@ def quantize_floats(module: M, weights: str, compute: torch.dtype, device: torch
     """A float32 module's linears on --weights' kernels, the rest cast to `compute` (its
     weights have no GGUF types, so auto means int8). Where no quantized kernel runs (dequant,
     float64, off the CPU) it is only cast."""
-    if weights == "dequant" or compute == torch.float64 or torch.device(device).type != "cpu":
+    if weights == "dequant" or not quantized_kernels_run(compute, device):
         return module.to(dtype=compute)
     mode = "int8" if weights == "auto" else weights
     swap_linears(module, linear_modes(module, mode, {}), _use_lowbit(compute, device))
@@ -250,8 +251,8 @@ def load_model(
         types = meta[TENSOR_TYPES_KEY]
         has_tok = True
     compute = parse_dtype(dtype)
-    if weights == "auto" and (compute == torch.float64 or torch.device(device).type != "cpu"):
-        weights = "dequant"  # no quantized kernel for float64 or off the CPU: auto keeps floats
+    if weights == "auto" and not quantized_kernels_run(compute, device):
+        weights = "dequant"  # auto keeps floats where no quantized kernel runs
     quantized = weights != "dequant"
     if quantized and torch.device(device).type != "cpu":
         raise SpecserveError(

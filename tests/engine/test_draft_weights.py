@@ -89,7 +89,8 @@ def test_the_server_flag_defaults_to_auto() -> None:
 def test_auto_keeps_floats_where_no_quantized_kernel_runs() -> None:
     from specserve.models.layers.quant import draft_mode
 
-    assert draft_mode("auto", "float32", "cpu") == "int4"
-    assert draft_mode("auto", "float64", "cpu") == "auto"  # loads as dequant, like --weights
-    assert draft_mode("auto", "float32", "cuda") == "auto"
-    assert draft_mode("int8", "float32", "cpu") == "int8"
+    assert draft_mode("auto", torch.float32, "cpu") == "int4"
+    assert draft_mode("auto", torch.bfloat16, "cpu") == "int4"
+    assert draft_mode("auto", torch.float64, "cpu") == "auto"  # loads as dequant, like --weights
+    assert draft_mode("auto", torch.float32, "cuda") == "auto"
+    assert draft_mode("int8", torch.float32, "cpu") == "int8"

@@ -31,10 +31,16 @@ WEIGHT_MODES = ("auto", "dequant", "int8", "int6", "int5", "int4")
 DRAFT_AUTO = "int4"
 
 
-def draft_mode(weights: str, dtype: str, device: str) -> str:
+def quantized_kernels_run(compute: torch.dtype, device: torch.device | str) -> bool:
+    """Whether quantized linears run for this compute dtype and device: not for float64,
+    not off the CPU (where --weights auto keeps float weights)."""
+    return compute != torch.float64 and torch.device(device).type == "cpu"
+
+
+def draft_mode(weights: str, compute: torch.dtype, device: torch.device | str) -> str:
     """The --weights a draft is loaded with under --draft-weights `weights`: auto stays auto
-    (float weights) where no quantized kernel runs, float64 or off the CPU."""
-    if weights != "auto" or dtype == "float64" or torch.device(device).type != "cpu":
+    (float weights) where no quantized kernel runs."""
+    if weights != "auto" or not quantized_kernels_run(compute, device):
         return weights
     return DRAFT_AUTO
 
