@@ -4,8 +4,10 @@ Text the machine has offline: the model's own greedy answers to prompts made her
 (self-distillation: the head learns what this model says) and/or the Python standard
 library's source. Each sequence costs one target forward (taps and labels); the head trains
 on it with EAGLE-3's training-time test (speculative/head_training.py) until the budget is
-spent, checkpointing as it goes (a second run resumes). A held-out tenth of the sequences
-gives the acceptance curve at the end; the head is saved in SpecForge's public layout.
+spent, checkpointing as it goes (a second run resumes). Answers held out by their prompt's
+hash give the acceptance curve at the end and the head's calibration (how often each class
+of its confidence was kept, which a server starts its rates from); the head is saved in
+SpecForge's public layout, the calibration beside it.
 """
 
 from __future__ import annotations
@@ -25,16 +27,17 @@ from typing import TypeVar
 
 import torch
 
-from specserve.engine.request import Request
+from specserve.engine.request import Request, SpecParams
 from specserve.engine.runner import ModelRunner
 from specserve.engine.sampling import SamplingParams
 from specserve.errors import SpecserveError
-from specserve.loading.eagle3 import model_stem, own_head_name, save_eagle3
+from specserve.loading.eagle3 import model_stem, own_head_name, save_calibration, save_eagle3
 from specserve.loading.model import LoadedModel, load_model
 from specserve.loading.sources import cache_dir
-from specserve.models.eagle3 import default_aux_layers, taps_fit
+from specserve.models.eagle3 import HeadCalibration, default_aux_layers, taps_fit
 from specserve.models.registry import LanguageModel
 from specserve.speculative import head_training as ht
+from specserve.speculative.mtp import CONFIDENCE
 
 N = TypeVar("N", int, float)
 TOPICS = ["a linked list", "binary search", "a JSON parser", "an LRU cache", "CSV files",
@@ -65,13 +68,20 @@ PROSE_ASKS = ["Write a short story about {}.", "Write a paragraph describing {}.
 
 EVAL_DEPTH = 4  # draft positions scored, however deep the training unrolled
 HELD_OUT = 64  # most held-out sequences: each costs a target forward at the end
+HELD_OUT_SHARE = 16  # one answer in this many is never trained on
 STDLIB_TOKENS = 400_000  # a cap on tokenizing time at the start; a run sees fewer
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="the target (name, .gguf or HF folder)")
     p.add_argument("--out", default=None, help="where the head goes (default: the cache's heads/)")
-    p.add_argument("--minutes", type=float, default=120.0, help="time budget, all included")
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=120.0,
+        help="time budget, all included; 0 with a head already in --out measures it again "
+        "(acceptance and calibration) without training",
+    )
     p.add_argument("--data", default="answers", help="answers and/or stdlib")
     p.add_argument(
         "--answers",
@@ -179,6 +189,26 @@ def cached_answers(
     return made
 
 
+def split_answers(
+    own: list[tuple[list[int], list[int]]],
+) -> tuple[list[tuple[list[int], list[int]]], list[tuple[list[int], list[int]]]]:
+    """(held out, trained on): an answer is held out by its prompt's hash (one in
+    HELD_OUT_SHARE, at most HELD_OUT // 2 measured), never by its place in the list. Held out
+    by place, the answers a run measured on were ones an earlier run had trained on where its
+    asks came in another order (a resumed head, a changed prompt set): a greedy answer to the
+    same prompt is the same text."""
+    chosen = [a for a in own if _held_out(a[0])]
+    trained = [a for a in own if not _held_out(a[0])]
+    if not chosen:  # a handful of answers, none drawn: measure on the first
+        chosen, trained = own[:1], own[1:]
+    return chosen[: HELD_OUT // 2], trained
+
+
+def _held_out(prompt: list[int]) -> bool:
+    digest = hashlib.sha256(" ".join(map(str, prompt)).encode()).digest()
+    return int.from_bytes(digest[:4], "big") % HELD_OUT_SHARE == 0
+
+
 def _write_whole(path: Path, write: Callable[[Path], object]) -> None:
     """write(tmp) then one rename: a run killed mid-write leaves the last whole file."""
     tmp = path.with_suffix(".tmp")
@@ -263,15 +293,19 @@ def _checkpoint(
 
 def evaluate(
     head: ht.Eagle3Head, target: LanguageModel, rows: list[ht.TargetRows], steps: int
-) -> dict:
+) -> tuple[dict, HeadCalibration]:
     """Held-out acceptance: top-1 at the first draft position, per position the chance that
     a draft reaching it is kept there, and each unrolled step's own top-1 whatever the steps
-    before it drafted (rows before each row's `start` not scored)."""
+    before it drafted (rows before each row's `start` not scored); and the head's
+    calibration, as a server drafts (CONFIDENCE classes, the default p_min)."""
     kept, reached, alone, repeats = [0] * steps, [0] * steps, [0] * steps, [0] * steps
+    p_min = SpecParams().p_min
+    cal = HeadCalibration.empty(CONFIDENCE, p_min)
     with torch.no_grad():
         for r in rows:
             scored = ht.unrolled_logits(head, target.embed, r, steps)
             pairs = [(lg[r.start :], lb[r.start :]) for lg, lb in scored]
+            cal += ht.confidence_counts(head, pairs, CONFIDENCE, p_min)
             k, n = ht.acceptance_counts(head, pairs)
             drafted = [lg.argmax(dim=-1)[: n[0]] for lg, _ in pairs]
             for j, (_, lb) in enumerate(pairs):
@@ -283,13 +317,19 @@ def evaluate(
     total = max(reached[0], 1)
     step_top1 = [a / total for a in alone]
     step_repeats = [a / total for a in repeats[1:]]
-    return {
+    report = {
         "top1": curve[0],
         "per_position": curve,
         "step_top1": step_top1,
         "step_repeats": step_repeats,
         "rows": reached[0],
+        # kept share of the first token per class, and of later ones past p_min
+        "first_by_class": [
+            k / n if n else None for k, n in zip(cal.first_kept, cal.first_rows, strict=True)
+        ],
+        "later_kept": cal.later_kept / cal.later_rows if cal.later_rows else None,
     }
+    return report, cal
 
 
 def weights_of_steps(spec: str | None, steps: int) -> list[float] | None:
@@ -386,11 +426,16 @@ def train(
     _checkpoint(ckpt, head, opt, step, tokens)
     test_rows = [ht.target_rows(target, s, layers, start) for s, start in held]
     depth = max(args.steps, EVAL_DEPTH)
-    report = {"steps": step, "tokens": tokens, **evaluate(head, target, test_rows, depth)}
+    measured, cal = evaluate(head, target, test_rows, depth)
+    report_file = out / "train_report.json"
+    # a resumed run keeps what its report said before (the loss of a run that trained)
+    before = json.loads(report_file.read_text()) if saved and report_file.exists() else {}
+    report = {**before, "steps": step, "tokens": tokens, **measured}
     if len(losses) >= 20:  # this run's first and last ten steps
         report["loss_first"], report["loss_last"] = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
     save_eagle3(head, out)
-    (out / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    save_calibration(cal, out)
+    report_file.write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 
@@ -442,10 +487,10 @@ def main(args: argparse.Namespace) -> None:
     held: list[tuple[list[int], int]] | None = None
     if "answers" in kinds:
         own = cached_answers(loaded, args.model, args.answers, args.answer_tokens, args.seed)
-        cut = max(1, min(len(own) // 8, HELD_OUT // 2))
+        kept_out, trained = split_answers(own)
         # whole answers are held out, scored from their reply's first draft on
-        held = [(p + r, max(0, len(p) - 2)) for p, r in own[:cut]]
-        seqs += pieces([p + r for p, r in own[cut:]], args.seq_len)
+        held = [(p + r, max(0, len(p) - 2)) for p, r in kept_out]
+        seqs += pieces([p + r for p, r in trained], args.seq_len)
     if "stdlib" in kinds:
         seqs += stdlib_chunks(loaded, STDLIB_TOKENS, args.seq_len, args.seed)
     print(f"data: {len(seqs)} sequences in {time.monotonic() - t0:.0f}s")

@@ -19,6 +19,7 @@ A head named instead of a path lives in `$SPECSERVE_CACHE/heads/<name>` (`<model
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterator
@@ -33,7 +34,13 @@ from specserve.loading.hf import _rope
 from specserve.loading.model import quantize_floats
 from specserve.loading.sources import cache_dir
 from specserve.models.config import ModelConfig
-from specserve.models.eagle3 import Eagle3Config, Eagle3Head, default_aux_layers, taps_fit
+from specserve.models.eagle3 import (
+    Eagle3Config,
+    Eagle3Head,
+    HeadCalibration,
+    default_aux_layers,
+    taps_fit,
+)
 
 # the decoder layer's HF names (after its prefix) -> ours in Eagle3Head
 _HF_LAYER = {
@@ -275,7 +282,47 @@ def load_eagle3(
     if missing or unexpected:
         raise SpecserveError(f"EAGLE-3 head {path}: missing {missing}, unexpected {unexpected}")
     head.d2t = d2t.long()
+    head.calibration = read_calibration(path)
     return quantize_floats(head.to(device=device), weights, dtype, device).eval()
+
+
+# beside a head in its folder: what train-head measured of it on held-out text. Other
+# engines' loaders read config.json and the weights only, so the layout stays theirs.
+CALIBRATION = "calibration.json"
+
+
+def save_calibration(cal: HeadCalibration, folder: Path) -> None:
+    (folder / CALIBRATION).write_text(json.dumps(dataclasses.asdict(cal), indent=2) + "\n")
+
+
+def read_calibration(path: Path) -> HeadCalibration | None:
+    """The calibration saved in a head's folder; None for a GGUF file or a folder without."""
+    file = path / CALIBRATION
+    if not file.is_file():
+        return None
+    try:
+        raw = json.loads(file.read_text())
+        cal = HeadCalibration(
+            tuple(float(b) for b in raw["bounds"]),
+            tuple(int(k) for k in raw["first_kept"]),
+            tuple(int(n) for n in raw["first_rows"]),
+            float(raw["p_min"]),
+            int(raw["later_kept"]),
+            int(raw["later_rows"]),
+        )
+    except (ValueError, KeyError, TypeError) as e:
+        raise SpecserveError(
+            f"{file}: not a head calibration ({e}); delete it or train again"
+        ) from e
+    classes = len(cal.bounds) + 1
+    counts = [*zip(cal.first_kept, cal.first_rows, strict=False), (cal.later_kept, cal.later_rows)]
+    if (
+        len(cal.first_kept) != classes
+        or len(cal.first_rows) != classes
+        or any(not 0 <= k <= n for k, n in counts)
+    ):
+        raise SpecserveError(f"{file}: its counts do not fit its {classes} classes")
+    return cal
 
 
 def save_eagle3(head: Eagle3Head, folder: Path) -> None:

@@ -48,6 +48,40 @@ class Eagle3Config:
         return self.layer.vocab_size
 
 
+@dataclass(frozen=True)
+class HeadCalibration:
+    """How often a head's greedy drafts were kept on held-out text (`specserve train-head`
+    counts it; saved beside the head): the first token per class of the head's probability
+    for it (the classes split at `bounds`), and each later one that passed `p_min`, given
+    the draft reached it. What a serving engine may expect of the head before it has
+    verified any of its drafts."""
+
+    bounds: tuple[float, ...]
+    first_kept: tuple[int, ...]  # per class, len(bounds) + 1
+    first_rows: tuple[int, ...]
+    p_min: float
+    later_kept: int
+    later_rows: int
+
+    @classmethod
+    def empty(cls, bounds: tuple[float, ...], p_min: float) -> HeadCalibration:
+        """No rows counted yet: what counts of these classes and p_min add up from."""
+        zeros = (0,) * (len(bounds) + 1)
+        return cls(bounds, zeros, zeros, p_min, 0, 0)
+
+    def __add__(self, other: HeadCalibration) -> HeadCalibration:
+        if (self.bounds, self.p_min) != (other.bounds, other.p_min):
+            raise ValueError("only counts of the same classes and p_min add up")
+        return HeadCalibration(
+            self.bounds,
+            tuple(a + b for a, b in zip(self.first_kept, other.first_kept, strict=True)),
+            tuple(a + b for a, b in zip(self.first_rows, other.first_rows, strict=True)),
+            self.p_min,
+            self.later_kept + other.later_kept,
+            self.later_rows + other.later_rows,
+        )
+
+
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
     """vLLM's and llama.cpp's choice when a checkpoint names none (SpecForge's 1, N/2 - 1,
     N - 4 counted as layer outputs)."""
@@ -81,6 +115,7 @@ class Eagle3Head(nn.Module):
         self.d2t: torch.Tensor
         self.register_buffer("d2t", torch.arange(cfg.draft_vocab_size))
         self.embed: nn.Embedding | None = None  # the head's own table, if its weights have one
+        self.calibration: HeadCalibration | None = None  # measured on held-out text, if saved
 
     def new_cache(self, num_slots: int, max_len: int, dtype: torch.dtype | None = None) -> KVCache:
         """dtype: the activations' (default: the norms', which quantized linears leave float,

@@ -17,11 +17,22 @@ from typing import Any, Protocol
 import torch
 
 from specserve.batch import FlatBatch
-from specserve.models.eagle3 import Eagle3Head
+from specserve.models.eagle3 import Eagle3Head, HeadCalibration
 from specserve.models.layers.embedding import rows_dtype_device
 from specserve.models.size import step_bytes
 from specserve.speculative.base import DraftRequest
-from specserve.speculative.mtp import HiddenSource, HiddenStateDrafter, SlotMemory
+from specserve.speculative.mtp import (
+    CONFIDENCE,
+    HiddenSource,
+    HiddenStateDrafter,
+    SlotMemory,
+    class_rates,
+)
+from specserve.speculative.rates import ANY, AcceptanceModel
+
+# how many held-out rows' worth a class's promised probability counts for beside its
+# measured share: a class the held-out text hardly drew keeps near its promise
+CALIBRATION_WEIGHT = 8
 
 
 class Eagle3Target(HiddenSource, Protocol):
@@ -57,6 +68,9 @@ class Eagle3Speculator(HiddenStateDrafter):
         cache = head.new_cache(mem.num_slots, mem.max_len, dtype)
         super().__init__(target, cache, cost, sample_drafts)
         target.tap_layers(head.cfg.aux_layers)
+        measured = calibrated_rates(head.calibration)
+        if measured is not None:  # the head's own record, in place of its classes' midpoints
+            self.rates = AcceptanceModel(*measured)
         self.head, self.model = head, model
         self.vocab_size = int(model.cfg.vocab_size)
         self._d2t: list[int] = head.d2t.tolist()  # read per draft token: a list, not a tensor
@@ -82,3 +96,25 @@ class Eagle3Speculator(HiddenStateDrafter):
 
     def _target_logits(self, logits: torch.Tensor) -> torch.Tensor:
         return self.head.target_logits(logits[None], self.vocab_size)[0]
+
+
+def calibrated_rates(cal: HeadCalibration | None) -> tuple[dict[int, float], float] | None:
+    """A head's first_rates and prior (rates.py) from what train-head measured on held-out
+    text: each class's kept share of its first tokens (`ANY`: of all of them), and the kept
+    share of later ones for the prior, each counted as CALIBRATION_WEIGHT more rows at what
+    the head's probabilities promise. None where the head has no record of these classes.
+    Priced by the midpoints, a head whose middle classes keep less than they promise was
+    verified, and paid for, in each class until its record of the answer caught up
+    (docs/perf/2026-11-28-head-calibration.md)."""
+    if cal is None or cal.bounds != CONFIDENCE:
+        return None
+    promised = class_rates(CONFIDENCE)
+    w = CALIBRATION_WEIGHT
+    first = {
+        tier: (kept + w * promised[tier]) / (rows + w)
+        for tier, kept, rows in zip(promised, cal.first_kept, cal.first_rows, strict=True)
+    }
+    # a sampled draft (tier 0) has no class: its first token is judged as all of them are
+    first[ANY] = first[0] = (sum(cal.first_kept) + w * 0.5) / (sum(cal.first_rows) + w)
+    later = (cal.later_kept + w * cal.p_min) / (cal.later_rows + w)
+    return first, later

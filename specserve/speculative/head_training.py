@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from specserve.batch import FlatBatch
 from specserve.models.config import ModelConfig
-from specserve.models.eagle3 import Eagle3Config, Eagle3Head, default_aux_layers
+from specserve.models.eagle3 import Eagle3Config, Eagle3Head, HeadCalibration, default_aux_layers
 from specserve.models.layers.basic import apply_rotary
 from specserve.models.layers.embedding import Embedding
 from specserve.models.registry import LanguageModel
@@ -263,3 +263,36 @@ def acceptance_counts(
         ok = ok & right
         kept.append(int(ok.sum()))
     return kept, reached
+
+
+def confidence_counts(
+    head: Eagle3Head,
+    pairs: list[tuple[torch.Tensor, torch.Tensor]],
+    bounds: Sequence[float],
+    p_min: float,
+) -> HeadCalibration:
+    """Over the rows of one sequence, as a greedy draft is made and verified: the first
+    token kept or not per class of the head's probability for it (split at `bounds`, each
+    bound opening the class above it), and each later token, where the draft got there
+    (every earlier one right and past p_min) and it passed p_min itself, kept or not."""
+    n = pairs[-1][0].shape[0] if pairs else 0
+    classes = len(bounds) + 1
+    first_kept, first_rows = [0] * classes, [0] * classes
+    later_kept = later_rows = 0
+    alive = torch.ones(n, dtype=torch.bool)
+    for j, (logits, labels) in enumerate(pairs):
+        p, best = torch.softmax(logits[:n].float(), dim=-1).max(dim=-1)
+        right = head.d2t[best] == labels[:n]
+        if j == 0:
+            cls = torch.bucketize(p, torch.tensor(bounds, dtype=p.dtype), right=True)
+            for c in range(classes):
+                first_rows[c] += int((cls == c).sum())
+                first_kept[c] += int(((cls == c) & right).sum())
+        else:
+            alive = alive & (p >= p_min)
+            later_rows += int(alive.sum())
+            later_kept += int((alive & right).sum())
+        alive = alive & right
+    return HeadCalibration(
+        tuple(bounds), tuple(first_kept), tuple(first_rows), p_min, later_kept, later_rows
+    )

@@ -15,7 +15,9 @@ overall rate:
 The prior is 1/2, or what a drafter's tokens promise where each had to pass a probability
 (a draft model's, p_min: `Speculator.prior`). A drafter whose tiers are its own
 probabilities (a head's: mtp.py) gives each tier's first position its class's probability
-as the prior in place of q_all(0) (`first_rates`).
+as the prior in place of q_all(0) (`first_rates`); an EAGLE-3 head whose training measured
+how often each class was kept gives that, and its later tokens' kept share as the prior
+(eagle3.py `calibrated_rates`).
 From the overall rate, a fresh engine verified a head's unsure drafts until their misses
 were learnt, and drafting them cost more than the few it kept (docs/perf/2026-11-28-
 eagle3-python.md).

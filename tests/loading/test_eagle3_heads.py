@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from specserve.errors import SpecserveError
-from specserve.loading.eagle3 import load_eagle3, save_eagle3
-from specserve.models.eagle3 import Eagle3Head
+from specserve.loading.eagle3 import load_eagle3, save_calibration, save_eagle3
+from specserve.models.eagle3 import Eagle3Head, HeadCalibration
 from tests.tiny_eagle3 import random_head, write_gguf_head, write_vllm_layout
 
 
@@ -136,3 +136,38 @@ def test_a_head_beside_quantized_weights_is_quantized_too(
     kept = want.isfinite()
     assert torch.equal(kept, got.isfinite())
     assert torch.nn.functional.cosine_similarity(want[kept], got[kept], dim=0) > similar
+
+
+CALIBRATION = HeadCalibration((0.5,), (3, 40), (10, 50), 0.75, 70, 90)
+
+
+def test_a_heads_calibration_is_read_back_from_its_folder(tmp_path: Path, target) -> None:  # noqa: ANN001
+    head = random_head(target.cfg, draft_vocab=96, seed=2)
+    save_eagle3(head, tmp_path)
+    assert load_eagle3(tmp_path, target.cfg, torch.float64).calibration is None
+    save_calibration(CALIBRATION, tmp_path)
+    assert load_eagle3(tmp_path, target.cfg, torch.float64).calibration == CALIBRATION
+    write_gguf_head(head, tmp_path / "head.gguf")  # a single file has no folder to keep it in
+    assert load_eagle3(tmp_path / "head.gguf", target.cfg, torch.float64).calibration is None
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"first_kept": [3]}, "do not fit"),  # one class short
+        ({"later_kept": 91}, "do not fit"),  # more kept than counted
+        ({"p_min": "high"}, "not a head calibration"),
+        ({"bounds": None}, "not a head calibration"),
+    ],
+)
+def test_a_broken_calibration_is_named_not_used(
+    change: dict,
+    says: str,
+    tmp_path: Path,
+    target,  # noqa: ANN001
+) -> None:
+    save_eagle3(random_head(target.cfg, draft_vocab=96, seed=2), tmp_path)
+    raw = {**dataclasses.asdict(CALIBRATION), **change}
+    (tmp_path / "calibration.json").write_text(json.dumps(raw))
+    with pytest.raises(SpecserveError, match=says):
+        load_eagle3(tmp_path, target.cfg, torch.float64)

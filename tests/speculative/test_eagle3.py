@@ -15,8 +15,9 @@ from specserve.engine.runner import ModelRunner
 from specserve.engine.sampling import SamplingParams
 from specserve.errors import SpecserveError
 from specserve.loading.eagle3 import load_eagle3
-from specserve.models.eagle3 import Eagle3Head
+from specserve.models.eagle3 import Eagle3Head, HeadCalibration
 from specserve.speculative.cost import ForwardCost
+from specserve.speculative.mtp import CONFIDENCE
 from specserve.speculative.registry import build_speculator
 from tests.loading.test_eagle3_heads import LAYOUTS
 from tests.speculative.cases_seen import CasesSeen
@@ -214,3 +215,36 @@ def test_a_models_own_head_keeps_the_dots_of_its_name() -> None:
         own_head_name("/m/qwen2.5-coder-0.5b-instruct.gguf") == "qwen2.5-coder-0.5b-instruct-eagle3"
     )
     assert own_head_name("/m/Qwen2.5-0.5B") == "Qwen2.5-0.5B-eagle3"
+
+
+def _calibrated(head: Eagle3Head, kept: tuple[int, ...], rows: tuple[int, ...]) -> Eagle3Head:
+    head.calibration = HeadCalibration(CONFIDENCE, kept, rows, 0.75, 180, 192)
+    return head
+
+
+def test_a_heads_record_gives_its_drafts_first_rates(bigram) -> None:  # noqa: ANN001
+    """Class 0.4-0.6 kept 28 of 92 first tokens on held-out text, and 180 of 192 later
+    tokens past p_min were kept: with CALIBRATION_WEIGHT 8 rows at the promise (0.5, and
+    p_min), a fresh speculator expects (28 + 4) / 100 and (180 + 6) / 200 of them."""
+    runner = ModelRunner(bigram, num_slots=1, max_len=CTX)
+    plain = build_speculator(["eagle3"], target=runner, eagle3_head=random_head(bigram.cfg))
+    head = _calibrated(random_head(bigram.cfg), (0, 0, 28, 0, 0), (0, 0, 92, 0, 0))
+    measured = build_speculator(["eagle3"], target=runner, eagle3_head=head)
+    assert plain is not None and measured is not None
+    assert plain.acceptance_rates(0, 2, 3) == pytest.approx([0.5, 0.25])
+    assert measured.acceptance_rates(0, 2, 3) == pytest.approx([0.32, 0.32 * 0.93])
+    assert measured.acceptance_rates(0, 1, 5) == pytest.approx([0.9])  # no rows: its promise
+    assert measured.acceptance_rates(0, 1, 0) == pytest.approx([(28 + 4) / (92 + 8)])  # sampled
+
+
+def test_a_head_whose_record_is_wrong_is_overruled_by_the_text(bigram, reference) -> None:  # noqa: ANN001
+    """A mostly-right head recorded as never right: its drafts are not verified at first,
+    but their first tokens are checked all the same (rates.py), so it is verified and kept
+    again once the text shows them right; the output is plain decoding's throughout."""
+    _, trusted = _run(bigram, "eagle3", foreseeing_head(bigram), _prompts())
+    wrong = _calibrated(foreseeing_head(bigram), (0,) * 5, (1000,) * 5)
+    out, doubted = _run(bigram, "eagle3", wrong, _prompts())
+    assert out == reference
+    assert trusted is not None and doubted is not None
+    assert doubted.stats.drafts_generated < trusted.stats.drafts_generated
+    assert doubted.stats.acceptance_rate > 0.3

@@ -99,6 +99,14 @@ def test_train_resume_save_and_draft(target, tmp_path: Path) -> None:  # noqa: A
     assert first["loss_last"] < first["loss_first"]  # it learns
     assert again["top1"] > 0.3  # and drafts the nearly-bigram model's next tokens
     head = load_eagle3(tmp_path, model.cfg, torch.float32)
+    cal = head.calibration  # measured as the held-out acceptance was, and saved beside it
+    assert cal is not None and sum(cal.first_rows) == again["rows"]
+    assert sum(cal.first_kept) / again["rows"] == pytest.approx(again["top1"])
+    evaluated = train_head.train(
+        loaded, list(seqs), tmp_path, _args(argv=["--max-steps", "60"]), far
+    )
+    assert evaluated["steps"] == 60 and evaluated["top1"] == again["top1"]
+    assert evaluated["loss_last"] == again["loss_last"]  # a run that trained nothing keeps it
     from tests.speculative.test_eagle3 import _prompts, _run
 
     plain, _ = _run(model, "", None, _prompts()[:2])
@@ -327,3 +335,55 @@ def test_a_new_head_reads_the_lm_head_rows_whatever_kernel_holds_them(
     assert torch.allclose(
         got, want, atol=1e-6 if weights == "dequant" else float(want.abs().max()) / 50
     )
+
+
+def _logits_with_top(p: list[float], vocab: int = 4) -> torch.Tensor:
+    """Rows of logits whose softmax puts p on token 0 and the rest evenly on the others."""
+    top = torch.tensor(p, dtype=torch.float64)[:, None]
+    rest = ((1 - top) / (vocab - 1)).expand(-1, vocab - 1)
+    return torch.log(torch.cat((top, rest), dim=1))
+
+
+def test_confidence_counts_follow_a_greedy_draft_as_served() -> None:
+    """Four rows, three steps (token 0 drafted each time; label 0 means it was right):
+    the first token counts in its probability's class, later ones only where the draft got
+    there (every earlier one right and past p_min) and passed p_min themselves."""
+    head = argparse.Namespace(d2t=torch.arange(4))
+    steps = [
+        ([0.9, 0.3, 0.7, 0.55], [0, 0, 1, 0]),  # row 2 misses its first token
+        ([0.8, 0.9, 0.9, 0.5], [0, 2, 0, 0]),  # row 3 stops under p_min, row 1 misses
+        ([0.65, 0.9, 0.9, 0.9], [3, 0, 0, 0]),  # only row 0 got here, and misses
+    ]
+    pairs = [(_logits_with_top(p), torch.tensor(lb)) for p, lb in steps]
+    cal = ht.confidence_counts(head, pairs, (0.5,), p_min=0.6)  # type: ignore[arg-type]
+    assert (cal.first_rows, cal.first_kept) == ((1, 3), (1, 2))
+    assert (cal.later_rows, cal.later_kept) == (3, 1)
+
+
+def test_confidence_classes_are_the_ones_a_server_labels_drafts_with() -> None:
+    from collections import Counter
+
+    from specserve.speculative.mtp import CONFIDENCE, confidence_tier
+
+    p = torch.linspace(0.01, 0.97, 49)  # off the bounds, where float32 and 64 could part
+    pairs = [(_logits_with_top(p.tolist(), 100), torch.zeros(49, dtype=torch.long))]
+    cal = ht.confidence_counts(argparse.Namespace(d2t=torch.arange(100)), pairs, CONFIDENCE, 0.75)  # type: ignore[arg-type]
+    tiers = Counter(confidence_tier(float(x)) for x in torch.softmax(pairs[0][0], -1)[:, 0])
+    assert cal.first_rows == tuple(tiers[t] for t in range(1, len(CONFIDENCE) + 2))
+    assert cal.first_kept == cal.first_rows  # every label was the drafted token
+
+
+def test_an_answer_held_out_once_is_held_out_in_every_list_that_has_it() -> None:
+    """Held out by place, a resumed head was measured on answers an earlier run, whose asks
+    came in another order, had trained on. By the prompt's hash, never."""
+    import random
+
+    own = [([i, i + 1, 7], [i % 5, 3]) for i in range(600)]
+    shuffled = random.Random(1).sample(own, 400)
+    held, trained = train_head.split_answers(own)
+    held2, trained2 = train_head.split_answers(shuffled)
+    never = {tuple(p) for p, _ in own} - {tuple(p) for p, _ in trained}
+    assert 0 < len(held) <= train_head.HELD_OUT // 2 and len(never) > len(held)  # 600 / 16
+    assert not never & {tuple(p) for p, _ in trained2}
+    assert {tuple(p) for p, _ in held2} <= never
+    assert train_head.split_answers(own[:1]) == (own[:1], [])  # too few to draw: the first
