@@ -259,6 +259,18 @@ class Speculator:
             self.rates.drop(slot)  # learnt in full, not from its first token
             self._accept(slot, n_accepted, proposed)
 
+    def retier(self, req: DraftRequest, d: Draft, tier: int) -> Draft:
+        """The slot's last draft `d` as of `tier`, which a chain learnt of it after it was
+        made (chain.py): held and learnt under that tier, and cut to the length its rates
+        make worth verifying, empty if none."""
+        relabelled = replace(d, tier=tier)
+        cut = _clip(relabelled, self.worth.cut_length(req, relabelled))
+        if len(cut) < max(req.n_min, 1):
+            cut = Draft()
+        self.rates.hold(req.slot, len(req.tokens), relabelled.tokens, tier)
+        self._last[req.slot] = (len(cut), tier)
+        return cut
+
     def discard(self, slot: int) -> None:
         """The slot's last draft was not verified (a chain chose another drafter's); the
         rates still learn from its first token (rates.py)."""

@@ -18,6 +18,12 @@ paid for in every step, and the 1.5B's chain ran at 0.80-1.04 of its speed witho
 tiers, a head's unsure drafts counted as verified: by what its drafts would be cut to, the
 head came first and the 0.5B draft's longer drafts went unasked, and the 1.5B's chain was
 slower on code (docs/perf/2026-11-28-eagle3-calibrated.md).
+
+Where a costly drafter drafts for a slot whose best draft so far is a free one, the free
+draft is relabelled by whether the two agree on their first token (`AGREED`, `CONTESTED`),
+its rates learnt per label like any tier, and valued again: a head that reads the target's
+states is evidence about a lookup's guess, and the record of the lookup's other drafts is
+not.
 """
 
 from __future__ import annotations
@@ -25,6 +31,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from specserve.speculative.base import Draft, DraftRequest, Speculator
+
+# where a costly drafter (a head that reads the target's states, a draft model) drafted too,
+# a free drafter's draft is learnt in its tier plus one of these, as the two drafts' first
+# tokens agree or not: a lookup's short match is kept far less often where the head says
+# otherwise, and learnt as one, the record of its other drafts made it win there
+# (docs/perf/2026-11-28-head-calibration.md)
+AGREED = 1 << 20
+CONTESTED = 2 << 20
 
 
 class ChainSpeculator(Speculator):
@@ -96,6 +110,8 @@ class ChainSpeculator(Speculator):
             if not asks:
                 continue
             for req, d in zip(asks, child.draft(asks), strict=True):
+                if costly and d:
+                    self._witness(req, d, best)
                 value = child.worth.value(req, d) if d else 0.0
                 if value > best[req.slot][0]:
                     if req.slot in self._chosen:
@@ -105,6 +121,24 @@ class ChainSpeculator(Speculator):
                 else:
                     child.discard(req.slot)
         return [best[r.slot][1] for r in requests]
+
+    def _witness(self, req: DraftRequest, d: Draft, best: dict[int, tuple[float, Draft]]) -> None:
+        """A costly drafter drafted `d` where a free one's draft stands: the free draft is
+        learnt and valued apart by whether its first token is `d`'s (`AGREED`, `CONTESTED`),
+        and dropped if that leaves it worth nothing."""
+        standing = self._chosen.get(req.slot)
+        drafted = best[req.slot][1]
+        if standing is None or standing.relative_cost > 0 or drafted.tier >= AGREED:
+            return
+        witnessed = AGREED if drafted.tokens[0] == d.tokens[0] else CONTESTED
+        drafted = standing.retier(req, drafted, drafted.tier + witnessed)
+        value = standing.worth.value(req, drafted) if drafted else 0.0
+        if value > 1.0:
+            best[req.slot] = (value, drafted)
+            return
+        standing.discard(req.slot)
+        del self._chosen[req.slot]
+        best[req.slot] = (1.0, Draft())
 
     def _order(self, requests: Sequence[DraftRequest]) -> list[Speculator]:
         """The children in the order they are asked this step: the free ones as listed,

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from specserve.speculative.base import Draft, DraftRequest, Speculator
-from specserve.speculative.chain import ChainSpeculator
+from specserve.speculative.chain import AGREED, CONTESTED, ChainSpeculator
 from specserve.speculative.cost import HORIZON, KEEP, MIN_SAMPLES, PRIOR_PER_ROW, ForwardCost
 from specserve.speculative.draft_length import (
     EXPLORE,
@@ -446,3 +446,48 @@ def test_a_drafter_whose_unsure_drafts_are_dropped_is_judged_by_its_sure_ones() 
     req = DraftRequest(0, truth[:n], 1, cost=cost)
     mixed = spec.worth._per_step(req, 1, ANY, spec.worth.yield_rate, spec.worth.draft_cost)
     assert mixed[1] < MIN_GAIN <= spec.worth.best_value(req)
+
+
+class Scripted(Speculator):
+    """Drafts `script(step)` for every slot, counting its own asks as steps."""
+
+    def __init__(self, name: str, cost: float, script) -> None:  # noqa: ANN001
+        super().__init__()
+        self.name, self.relative_cost, self.script, self.steps = name, cost, script, 0
+
+    def _draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        self.steps += 1
+        return [Draft(list(self.script(self.steps))) for _ in requests]
+
+
+@pytest.mark.parametrize(("head_says", "tier"), [(7, AGREED), (8, CONTESTED)])
+def test_a_free_draft_beside_a_costly_one_is_learnt_by_whether_they_agree(
+    head_says: int, tier: int
+) -> None:
+    lookup = Fixed([7, 7], "lookup")
+    chain = ChainSpeculator([lookup, Fixed([head_says], "head", cost=0.05)])
+    (d,) = chain.draft([DraftRequest(0, [0], 2, cost=[1.0, 1.05, 1.1])])  # head untried: asked
+    chain.accept(0, 0)
+    assert lookup.rates.tiers == [tier]
+
+
+def test_a_lookup_the_head_contradicts_loses_to_the_head_there_and_only_there() -> None:
+    """The target always says 7. Every other step the lookup drafts four wrong tokens; the
+    head drafts one right token each step. Learnt as one record, the lookup's drafts (half
+    of them kept whole) are worth more than the head's one token, so its wrong drafts were
+    verified too; learnt apart by agreement, the contested ones go and the head's is
+    verified in their place, while the lookup's agreed drafts still win."""
+    lookup = Scripted("lookup", 0.0, lambda step: [7] * 4 if step % 2 else [5] * 4)
+    head = Scripted("head", 0.05, lambda step: [7])
+    chain = ChainSpeculator([lookup, head])
+    context, chosen = [0], []
+    for _ in range(60):
+        req = DraftRequest(0, list(context), 4, cost=[1.0, 1.05, 1.1, 1.15, 1.2])
+        (d,) = chain.draft([req])
+        kept = next((i for i, t in enumerate(d.tokens) if t != 7), len(d))
+        chain.accept(0, kept)
+        context += [7] * (kept + 1)
+        chosen.append((lookup.steps % 2 == 1, d.source))
+    late = chosen[-20:]
+    assert {src for right, src in late if right} == {"lookup"}
+    assert {src for right, src in late if not right} == {"head"}
