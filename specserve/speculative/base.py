@@ -217,18 +217,23 @@ class Speculator:
         out = []
         for req in requests:
             full = _clip(made.get(req.slot, Draft()), req.n_max)
-            d = _clip(full, self.worth.cut_length(req, full))
-            if len(d) < max(req.n_min, 1):
-                d = Draft()
             if req.slot in made and self.relative_cost > 0:
                 self.worth.yielded(bool(full))  # nothing: unsure, not wrong (draft_length.py)
-            # held until verified (accept) or, if not, until the target's next token shows
-            # whether its first token was right (rates.py)
-            self.rates.hold(req.slot, len(req.tokens), full.tokens, full.tier)
-            self._last[req.slot] = (len(d), d.tier)
+            d = self._offer(req, full)
             self.stats.empty_drafts += int(not d)
             out.append(d)
         return out
+
+    def _offer(self, req: DraftRequest, full: Draft) -> Draft:
+        """`full` cut to the length worth verifying (empty under n_min), remembered as the
+        slot's last draft, and held until verified (accept) or, if not, until the target's
+        next token shows whether its first token was right (rates.py)."""
+        d = _clip(full, self.worth.cut_length(req, full))
+        if len(d) < max(req.n_min, 1):
+            d = Draft()
+        self.rates.hold(req.slot, len(req.tokens), full.tokens, full.tier)
+        self._last[req.slot] = (len(d), full.tier)
+        return d
 
     def _named(self, d: Draft) -> Draft:
         """The draft with its proposer's type: a chain's drafts keep their child's."""
@@ -263,13 +268,7 @@ class Speculator:
         """The slot's last draft `d` as of `tier`, which a chain learnt of it after it was
         made (chain.py): held and learnt under that tier, and cut to the length its rates
         make worth verifying, empty if none."""
-        relabelled = replace(d, tier=tier)
-        cut = _clip(relabelled, self.worth.cut_length(req, relabelled))
-        if len(cut) < max(req.n_min, 1):
-            cut = Draft()
-        self.rates.hold(req.slot, len(req.tokens), relabelled.tokens, tier)
-        self._last[req.slot] = (len(cut), tier)
-        return cut
+        return self._offer(req, replace(d, tier=tier))
 
     def discard(self, slot: int) -> None:
         """The slot's last draft was not verified (a chain chose another drafter's); the
