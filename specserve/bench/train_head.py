@@ -197,8 +197,9 @@ def split_answers(
     by place, the answers a run measured on were ones an earlier run had trained on where its
     asks came in another order (a resumed head, a changed prompt set): a greedy answer to the
     same prompt is the same text."""
-    chosen = [a for a in own if _held_out(a[0])]
-    trained = [a for a in own if not _held_out(a[0])]
+    out = [_held_out(p) for p, _ in own]
+    chosen = [a for a, held in zip(own, out, strict=True) if held]
+    trained = [a for a, held in zip(own, out, strict=True) if not held]
     if not chosen:  # a handful of answers, none drawn: measure on the first
         chosen, trained = own[:1], own[1:]
     return chosen[: HELD_OUT // 2], trained
