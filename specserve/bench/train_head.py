@@ -176,17 +176,45 @@ def cached_answers(
     loaded: LoadedModel, model: str, n: int, max_tokens: int, seed: int
 ) -> list[tuple[list[int], list[int]]]:
     """`answers`, kept in the cache beside the heads: a resumed or repeated run with the same
-    model, count, length and seed reads them back instead of decoding them again."""
+    model, count, length and seed reads them back instead of decoding them again, and a run
+    with more answers decodes only the asks no cached file of the same ask set answered."""
     questions = asks(n, seed)
-    digest = hashlib.sha256("\n".join(questions).encode()).hexdigest()[:8]
-    name = f"{model_stem(model)}-{n}x{max_tokens}-{seed}-{digest}.json"
-    path = cache_dir() / "head-answers" / name
+    path = _answers_path(model, questions, max_tokens, seed)
     if path.exists():
         return [(p, r) for p, r in json.loads(path.read_text())]
-    made = answers(loaded, questions, max_tokens)
+    known = _known_answers(model, max_tokens, seed)
+    missing = [q for q in questions if q not in known]
+    if missing:
+        known.update(zip(missing, answers(loaded, missing, max_tokens), strict=True))
+    made = [known[q] for q in questions]
     path.parent.mkdir(parents=True, exist_ok=True)
     _write_whole(path, lambda tmp: tmp.write_text(json.dumps(made)))
     return made
+
+
+def _answers_path(model: str, questions: list[str], max_tokens: int, seed: int) -> Path:
+    digest = hashlib.sha256("\n".join(questions).encode()).hexdigest()[:8]
+    name = f"{model_stem(model)}-{len(questions)}x{max_tokens}-{seed}-{digest}.json"
+    return cache_dir() / "head-answers" / name
+
+
+def _known_answers(
+    model: str, max_tokens: int, seed: int
+) -> dict[str, tuple[list[int], list[int]]]:
+    """ask -> (prompt, reply) from every cached file of this model, length and seed whose
+    asks are `asks`' today (a file of m answers holds the first m asks: the list is cut from
+    one order); a file of another ask set is passed over, its name not matching."""
+    known: dict[str, tuple[list[int], list[int]]] = {}
+    folder = cache_dir() / "head-answers"
+    for path in sorted(folder.glob(f"{model_stem(model)}-*x{max_tokens}-{seed}-*.json")):
+        count = path.name.removeprefix(f"{model_stem(model)}-").split("x", 1)[0]
+        if not count.isdigit():
+            continue
+        questions = asks(int(count), seed)
+        if _answers_path(model, questions, max_tokens, seed) == path:
+            cached = [(p, r) for p, r in json.loads(path.read_text())]
+            known.update(zip(questions, cached, strict=True))
+    return known
 
 
 def split_answers(

@@ -279,10 +279,14 @@ def test_answers_are_made_once_and_read_back(  # noqa: ANN201
     other = train_head.cached_answers(loaded, "tiny", 3, 8, 6)
     assert first == again == expected(5) and other == expected(6) != first
     assert made == [3, 3]
+    # more answers of the same ask set: only the asks no cached file answered are decoded
+    more = train_head.cached_answers(loaded, "tiny", 5, 8, 5)
+    assert more == replies(train_head.asks(5, 5)) and more[:3] == first
+    assert made == [3, 3, 2]
     # other prompts (a new version's ask set) are other answers, not the cached ones
     monkeypatch.setattr(train_head, "TOPICS", ["a well-kept secret"])
     train_head.cached_answers(loaded, "tiny", 3, 8, 5)
-    assert made == [3, 3, 3]
+    assert made == [3, 3, 2, 3]
 
 
 def test_the_prompts_take_python_its_programs_other_languages_and_prose_in_turn() -> None:
