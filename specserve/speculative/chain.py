@@ -9,7 +9,8 @@ r_i is the drafter's acceptance at position i for this slot, cost(k) what verify
 costs on this machine (speculative/cost.py), c the drafter's own cost per token in target
 forwards, and the 1s are the target's own token and step. No draft is worth 1. Cheap
 drafters are asked first; a costly one (a draft model, a head) is asked only for slots where
-it could beat the best draft so far, or now and then to keep its rates current (REVISIT).
+it could beat the best draft so far, or now and then to keep its rates current (REVISIT);
+where a costly drafter's draft stands, those that cost less are not asked (`_outranked`).
 Between drafts already made, drafting is paid for, so only verification counts. So the
 costly ones are asked in the order of what they promise this step, drafting counted: asked
 first, a head whose one-token drafts the draft model's then beat every time on code was
@@ -105,7 +106,9 @@ class ChainSpeculator(Speculator):
             asks = [
                 r
                 for r in requests
-                if child.serves(r.types) and (not costly or child.worth.may_ask(r, best[r.slot][0]))
+                if child.serves(r.types)
+                and not self._outranked(child, r.slot)
+                and (not costly or child.worth.may_ask(r, best[r.slot][0]))
             ]
             if not asks:
                 continue
@@ -121,6 +124,16 @@ class ChainSpeculator(Speculator):
                 else:
                     child.discard(req.slot)
         return [best[r.slot][1] for r in requests]
+
+    def _outranked(self, child: Speculator, slot: int) -> bool:
+        """Whether a costly drafter as dear as `child` or dearer has the slot's best draft
+        so far: a drafter that pays less per token reads less of a model, and `child` is
+        not asked there at all, not even to learn its rates (they are learnt where it
+        drafts alone). Asked after the 0.5B draft model had drafted, the 1.5B's head
+        agreed on the first token 20 times, adding nothing, and was right in none of the
+        21 where they differed (docs/perf/2026-11-28-costly-pairs.md)."""
+        standing = self._chosen.get(slot)
+        return standing is not None and standing.relative_cost >= child.relative_cost > 0
 
     def _witness(self, req: DraftRequest, d: Draft, best: dict[int, tuple[float, Draft]]) -> None:
         """A costly drafter drafted `d` where a free one's draft stands: the free draft is

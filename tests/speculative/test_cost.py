@@ -188,13 +188,16 @@ def test_an_untried_costly_drafter_is_asked_to_learn_its_rates(kept: bool, in_ch
         assert got[0] == 1 and got[EXPLORE:] == [0] * 4 and drafter.asked == EXPLORE
 
 
-def _asked_while_always_right(spec: Speculator, drafter: Fixed, steps: int) -> list[int]:
+def _asked_while_always_right(
+    spec: Speculator, drafter: Fixed, steps: int, n_max: int = 1
+) -> list[int]:
     """Per step, whether `drafter` was asked, on a text of 1s that it always foresees: a
     verified draft adds its token and the target's, an unverified one the target's."""
     context, asked = [0], []
     for _ in range(steps):
         before = drafter.asked
-        (d,) = spec.draft([DraftRequest(0, list(context), 1, cost=[1.0, 1.2])])
+        cost = [1.0 + 0.05 * k for k in range(n_max + 1)] if n_max > 1 else [1.0, 1.2]
+        (d,) = spec.draft([DraftRequest(0, list(context), n_max, cost=cost)])
         asked.append(drafter.asked - before)
         spec.accept(0, len(d))
         context += [1] * (len(d) + 1)
@@ -491,3 +494,18 @@ def test_a_lookup_the_head_contradicts_loses_to_the_head_there_and_only_there() 
     late = chosen[-20:]
     assert {src for right, src in late if right} == {"lookup"}
     assert {src for right, src in late if not right} == {"head"}
+
+
+def test_a_cheaper_costly_drafter_is_not_asked_where_a_dearer_ones_draft_stands() -> None:
+    """A draft model whose drafts are kept promises more than a head and is asked first;
+    where its draft stands the head, cheaper, is not asked, not even now and then to
+    learn its rates; where the model drafts nothing, the head is asked again."""
+    model = Fixed([1], "model", cost=0.3)
+    head = Fixed([1, 1, 1], "head", cost=0.05)
+    teach(model, slot=0, n_accepted=1, times=30, n_max=1)
+    teach(head, slot=0, n_accepted=1, times=30, n_max=3)
+    chain = ChainSpeculator([head, model])
+    assert chain._order([DraftRequest(0, [0], 3, cost=[1.0, 1.05, 1.1, 1.15])])[0] is model
+    assert sum(_asked_while_always_right(chain, head, 4 * REVISIT, n_max=3)) == 0
+    model.tokens = []  # unsure of every token: it drafts nothing
+    assert all(_asked_while_always_right(chain, head, REVISIT, n_max=3))
