@@ -129,9 +129,8 @@ class ChainSpeculator(Speculator):
         """Whether a costly drafter as dear as `child` or dearer has the slot's best draft
         so far: a drafter that pays less per token reads less of a model, and `child` is
         not asked there at all, not even to learn its rates (they are learnt where it
-        drafts alone). Asked after the 0.5B draft model had drafted, the 1.5B's head
-        agreed on the first token 20 times, adding nothing, and was right in none of the
-        21 where they differed (docs/perf/2026-11-28-costly-pairs.md)."""
+        drafts alone). Asked after the 0.5B draft model had drafted, the 1.5B's head only
+        ever repeated its first token or was wrong (docs/perf/2026-11-28-costly-pairs.md)."""
         standing = self._chosen.get(slot)
         return standing is not None and standing.relative_cost >= child.relative_cost > 0
 
