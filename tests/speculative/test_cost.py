@@ -189,15 +189,15 @@ def test_an_untried_costly_drafter_is_asked_to_learn_its_rates(kept: bool, in_ch
 
 
 def _asked_while_always_right(
-    spec: Speculator, drafter: Fixed, steps: int, n_max: int = 1
+    spec: Speculator, drafter: Fixed, steps: int, cost: Sequence[float] = (1.0, 1.2)
 ) -> list[int]:
     """Per step, whether `drafter` was asked, on a text of 1s that it always foresees: a
-    verified draft adds its token and the target's, an unverified one the target's."""
+    verified draft adds its token and the target's, an unverified one the target's. Each
+    step asks for as many tokens as `cost` prices."""
     context, asked = [0], []
     for _ in range(steps):
         before = drafter.asked
-        cost = [1.0 + 0.05 * k for k in range(n_max + 1)] if n_max > 1 else [1.0, 1.2]
-        (d,) = spec.draft([DraftRequest(0, list(context), n_max, cost=cost)])
+        (d,) = spec.draft([DraftRequest(0, list(context), len(cost) - 1, cost=cost)])
         asked.append(drafter.asked - before)
         spec.accept(0, len(d))
         context += [1] * (len(d) + 1)
@@ -505,7 +505,8 @@ def test_a_cheaper_costly_drafter_is_not_asked_where_a_dearer_ones_draft_stands(
     teach(model, slot=0, n_accepted=1, times=30, n_max=1)
     teach(head, slot=0, n_accepted=1, times=30, n_max=3)
     chain = ChainSpeculator([head, model])
-    assert chain._order([DraftRequest(0, [0], 3, cost=[1.0, 1.05, 1.1, 1.15])])[0] is model
-    assert sum(_asked_while_always_right(chain, head, 4 * REVISIT, n_max=3)) == 0
+    cost = [1.0, 1.05, 1.1, 1.15]
+    assert chain._order([DraftRequest(0, [0], 3, cost=cost)])[0] is model
+    assert sum(_asked_while_always_right(chain, head, 4 * REVISIT, cost)) == 0
     model.tokens = []  # unsure of every token: it drafts nothing
-    assert all(_asked_while_always_right(chain, head, REVISIT, n_max=3))
+    assert all(_asked_while_always_right(chain, head, REVISIT, cost))
