@@ -20,8 +20,11 @@ Workloads (chat template, greedy):
   json-free asks the same without a grammar, the unconstrained reference.
 
 Every configuration (`--spec-types`) runs on every model and workload, plus `none`, which
-is the reference: `speedup` is tok/s over the same model's `none` on the same workload, and
-`same` says whether the tokens equal `none`'s (the greedy contract). Configurations with
+is the reference: `speedup` is tok/s over the same model's `none` on the same workload, the
+median over rounds of each round's own ratio (`--repeats`: a slow spell of the machine
+slows both runs of a round), and `same` says whether the tokens equal `none`'s (the greedy
+contract). `--versus CONFIG` adds the same paired ratio against another configuration (a
+chain with a drafter over the chain without it). Configurations with
 `draft` use `--draft-model` and are skipped for the draft model itself. Each run gets a
 fresh engine, so cross-request memories (suffix's global tree, ngram-cache's dynamic
 cache) start empty and one configuration cannot learn from an earlier one's output.
@@ -43,11 +46,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specserve.bench.report import Column, format_table, write_json
+from specserve.bench.report import Column, format_table, interleaved
+from specserve.bench.spec_report import COLUMNS, NONE, Run, make_row, write_outputs
 from specserve.bench.spec_workloads import (
     GRAMMARS,
     WORKLOADS,
@@ -75,24 +78,11 @@ CONFIGS = (
     "draft",
     "ngram-map-k,suffix,draft",
 )
-NONE = "none"
 # no speculator: only the tokens a grammar forces are drafted
 FORCED = "forced"
 # `shared:CHAIN`: CHAIN whose speculators first learn the reference's output, as a replica
 # told of another replica's answer to the same request (--share-outputs) would have
 SHARED = "shared:"
-COLUMNS = (
-    Column("model", "model"),
-    Column("workload", "workload"),
-    Column("config", "config"),
-    Column("tokens", "tokens"),
-    Column("tok_s", "tok/s", ".2f"),
-    Column("speedup", "speedup", ".2f"),
-    Column("accept", "accept", ".2f"),
-    Column("mean_acc", "mean acc", ".2f"),
-    Column("same_text", "same"),
-    Column("hist", "accepted lengths (n:drafts)"),
-)
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -142,21 +132,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="rounds of every configuration; the table shows median tok/s (a shared VM's "
         "run-to-run spread is +-10%%: use 3 where a target is within that)",
     )
+    p.add_argument(
+        "--versus",
+        default=None,
+        metavar="CONFIG",
+        help="one of --spec-types: a `vs` column gives each configuration's tok/s over this "
+        "one's in the same round (median over rounds), e.g. a chain with a head over without",
+    )
     p.add_argument("--out", type=Path, default=None, help="write spec.json and spec.png here")
-
-
-@dataclass
-class Run:
-    """One generation: its tokens, decode speed and the speculator's statistics."""
-
-    tokens: list[int]
-    tok_s: float
-    seconds: float
-    stats: dict[str, Any] | None
-
-    @property
-    def drafts(self) -> int:
-        return int((self.stats or {}).get("drafts_generated", 0))
 
 
 class Session:
@@ -266,59 +249,6 @@ class Session:
         return Run(list(req.output), tok_s, seconds, stats)
 
 
-def histogram(counts: list[int]) -> str:
-    """Drafts per accepted length, in power-of-two buckets past 2 (a compact table cell):
-    histogram([5, 2, 0, 1, 0, 3]) == '0:5 1:2 3-4:1 5-8:3'."""
-    buckets: dict[str, int] = {}
-    for n, c in enumerate(counts):
-        if c:
-            lo = 1 << ((n - 1).bit_length() - 1) if n > 2 else 0  # 3-4, 5-8, 9-16, ...
-            label = f"{lo + 1}-{2 * lo}" if lo else str(n)
-            buckets[label] = buckets.get(label, 0) + c
-    return " ".join(f"{k}:{v}" for k, v in buckets.items()) or "-"
-
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """Index of the first token where a and b differ (a length difference counts); None if equal."""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def make_row(
-    model: str, workload: str, config: str, runs: list[Run], ref: Run, ref_tok_s: float
-) -> dict[str, Any]:
-    """One table row from a configuration's repeated runs: the median speed; statistics of
-    the first run; `same` only if every run's tokens equal the reference's."""
-    run = runs[0]
-    s = run.stats or {}
-    drafts = run.drafts
-    diffs = [first_difference(r.tokens, ref.tokens) for r in runs]
-    diff = next((d for d in diffs if d is not None), None)
-    tok_s = statistics.median(r.tok_s for r in runs)
-    return {
-        "model": model,
-        "workload": workload,
-        "config": config,
-        "tokens": len(run.tokens),
-        "tok_s": tok_s,
-        "tok_s_runs": [r.tok_s for r in runs],
-        "speedup": tok_s / ref_tok_s if ref_tok_s else 0.0,
-        # None (printed '-') where nothing was drafted
-        "accept": s["acceptance_rate"] if drafts else None,
-        "mean_acc": s["tokens_accepted"] / drafts if drafts else None,
-        "hist": histogram(list(s.get("accept_len_hist", []))),
-        "same": diff is None,
-        "same_text": "yes" if diff is None else f"NO@{diff}",
-        "first_diff": diff,
-        "drafts": drafts,
-        "drafted_tokens": int(s.get("tokens_generated", 0)),
-        "draft_seconds": float(s.get("draft_seconds", 0.0)),
-        "seconds": run.seconds,
-    }
-
-
 def configs_for(model: str, args: argparse.Namespace) -> list[str]:
     """`none` first, then the asked configurations that make sense for this model."""
     asked = [c for c in args.spec_types if c != NONE]
@@ -331,44 +261,53 @@ def main(args: argparse.Namespace) -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.versus is not None and args.versus not in (NONE, *args.spec_types):
+        raise SpecserveError(f"--versus {args.versus}: not one of --spec-types")
     session = Session(args)
     rows: list[dict[str, Any]] = []
     for model in args.models:
         for workload in args.workloads:
             ref = session.reference(model, workload)
             configs = configs_for(model, args)
-            runs: dict[str, list[Run]] = {c: [] for c in configs}
-            # rounds of every configuration in turn, so slow spells on a shared machine
-            # hit all of them alike; the medians are compared
-            prompt = session.prompt(model, workload)
-            predicted = session.prediction(model, workload)
-            for r in range(args.repeats):
-                for config in configs:
-                    fresh = config != NONE or r > 0
-                    run = (
-                        session.generate(
-                            model,
-                            config,
-                            prompt,
-                            prediction=predicted,
-                            grammar=GRAMMARS.get(workload),
-                            learned=ref.tokens if config.startswith(SHARED) else None,
-                        )
-                        if fresh
-                        else ref
-                    )
-                    runs[config].append(run)
-                    print(progress_line(model, workload, config, runs[config][-1]), flush=True)
+            runs = rounds(session, model, workload, configs, ref, args.repeats)
             if workload in GRAMMARS:
                 print(compile_line(session, model, GRAMMARS[workload]), flush=True)
-            ref_tok_s = statistics.median(run.tok_s for run in runs[NONE])
+            base = runs.get(args.versus) if args.versus else None
             for config in configs:
-                rows.append(make_row(model, workload, config, runs[config], ref, ref_tok_s))
+                rows.append(make_row(model, workload, config, runs[config], ref, runs[NONE], base))
         if model != args.draft_model:  # done with it: free its memory for the next one
             session.loaded.pop(model, None)
-    print(format_table(rows, COLUMNS))
+    versus = [Column("versus", f"vs {args.versus}", ".2f")] if args.versus else []
+    print(format_table(rows, [*COLUMNS[:6], *versus, *COLUMNS[6:]]))  # after `speedup`
     if args.out:
         write_outputs(rows, args.out, args)
+
+
+def rounds(
+    session: Session, model: str, workload: str, configs: list[str], ref: Run, repeats: int
+) -> dict[str, list[Run]]:
+    """Each configuration's runs, in rounds of every configuration in turn, odd ones
+    reversed, so slow spells on a shared machine hit all of them alike; ratios are taken
+    within a round. The first round's `none` is the reference run."""
+    runs: dict[str, list[Run]] = {c: [] for c in configs}
+    prompt = session.prompt(model, workload)
+    predicted = session.prediction(model, workload)
+    for i, config in enumerate(interleaved(configs, repeats)):
+        run = (
+            session.generate(
+                model,
+                config,
+                prompt,
+                prediction=predicted,
+                grammar=GRAMMARS.get(workload),
+                learned=ref.tokens if config.startswith(SHARED) else None,
+            )
+            if i > 0
+            else ref
+        )
+        runs[config].append(run)
+        print(progress_line(model, workload, config, run), flush=True)
+    return runs
 
 
 def compile_line(session: Session, model: str, grammar: Grammar) -> str:
@@ -390,42 +329,3 @@ def progress_line(model: str, workload: str, config: str, run: Run) -> str:
         f"[{model} {workload} {config}] {len(run.tokens)} tokens, {run.tok_s:.2f} tok/s, "
         f"{run.drafts} drafts"
     )
-
-
-def write_outputs(rows: list[dict[str, Any]], out: Path, args: argparse.Namespace) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    settings.pop("func", None)
-    write_json(out / "spec.json", {"settings": settings, "rows": rows})
-    plot(rows, out / "spec.png")
-    print(f"wrote {out / 'spec.json'} and {out / 'spec.png'}")
-
-
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    """One panel per model: speedup over no speculation, bars per config, grouped by workload."""
-    try:
-        import matplotlib
-    except ImportError as e:
-        raise SpecserveError("the plot needs matplotlib: pip install matplotlib") from e
-    matplotlib.use("Agg")  # files only; no display
-    import matplotlib.pyplot as plt
-
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    fig, axes = plt.subplots(len(models), 1, figsize=(12, 4 * len(models)), squeeze=False)
-    for ax, model in zip(axes[:, 0], models, strict=True):
-        mine = [r for r in rows if r["model"] == model and r["config"] != NONE]
-        workloads = list(dict.fromkeys(r["workload"] for r in mine))
-        configs = list(dict.fromkeys(r["config"] for r in mine))
-        width = 0.8 / max(len(configs), 1)
-        for i, config in enumerate(configs):
-            by_w = {r["workload"]: r["speedup"] for r in mine if r["config"] == config}
-            xs = [w + i * width - 0.4 + width / 2 for w in range(len(workloads))]
-            ax.bar(xs, [by_w.get(w, 0.0) for w in workloads], width, label=config)
-        ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_xticks(range(len(workloads)), workloads)
-        ax.set_ylabel("speedup vs no spec")
-        ax.set_title(model)
-        ax.legend(fontsize=7, ncol=3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from specserve.bench.spec import CONFIGS, configs_for, first_difference, histogram
+from specserve.bench.spec import CONFIGS, configs_for, main, rounds
+from specserve.bench.spec_report import Run, first_difference, histogram, make_row, paired
 from specserve.cli import build_parser
+from specserve.errors import SpecserveError
 
 
 @pytest.mark.parametrize(
@@ -49,3 +51,52 @@ def test_models_load_as_a_server_loads_them() -> None:
     assert build_parser().parse_args(["bench", "spec", "--weights", "dequant"]).weights == "dequant"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "spec", "--weights", "int3"])
+
+
+def _runs(*tok_s: float) -> list[Run]:
+    return [Run([1, 2], t, 1.0, None) for t in tok_s]
+
+
+def test_speedup_is_the_median_of_each_rounds_own_ratio() -> None:
+    """A slow round slows `none` and the chain alike: paired, it is one ratio among three;
+    as a ratio of median speeds (30 over 20) it would have made the chain 1.5x."""
+    ref = _runs(0.0)[0]
+    plain, chain, head = _runs(10, 40, 20), _runs(30, 44, 21), _runs(27, 48, 20)
+    row = make_row("m", "w", "chain", chain, ref, plain)
+    assert row["speedup_runs"] == pytest.approx([3.0, 1.1, 1.05])
+    assert row["speedup"] == pytest.approx(1.1) and row["versus"] is None
+    row = make_row("m", "w", "head", head, ref, plain, versus=chain)
+    assert row["versus_runs"] == pytest.approx([0.9, 48 / 44, 20 / 21])
+    assert row["versus"] == pytest.approx(20 / 21)
+    with pytest.raises(ValueError, match="rounds pair one to one"):
+        paired(head, plain[:2])
+
+
+class _Rounds:
+    """A session that records the order it is asked to generate in."""
+
+    def __init__(self) -> None:
+        self.order: list[str] = []
+
+    def prompt(self, model: str, workload: str) -> list[int]:
+        return [0]
+
+    def prediction(self, model: str, workload: str) -> list[int]:
+        return []
+
+    def generate(self, model: str, config: str, prompt: list[int], **_: object) -> Run:
+        self.order.append(config)
+        return _runs(1.0)[0]
+
+
+def test_rounds_alternate_their_order_and_reuse_the_reference() -> None:
+    session, ref = _Rounds(), _runs(1.0)[0]
+    runs = rounds(session, "m", "w", ["none", "a", "b"], ref, 3)  # type: ignore[arg-type]
+    assert session.order == ["a", "b", "b", "a", "none", "none", "a", "b"]
+    assert runs["none"][0] is ref and [len(r) for r in runs.values()] == [3, 3, 3]
+
+
+def test_versus_must_be_a_benchmarked_configuration() -> None:
+    args = build_parser().parse_args(["bench", "spec", "--spec-types", "suffix", "--versus", "x"])
+    with pytest.raises(SpecserveError, match="--versus x"):
+        main(args)
