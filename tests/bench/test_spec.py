@@ -58,8 +58,9 @@ def _runs(*tok_s: float) -> list[Run]:
 
 
 def test_speedup_is_the_median_of_each_rounds_own_ratio() -> None:
-    """A slow round slows `none` and the chain alike: paired, it is one ratio among three;
-    as a ratio of median speeds (30 over 20) it would have made the chain 1.5x."""
+    """A slow spell during the first round's `none` run makes that round's ratio 3.0:
+    paired, it is one ratio among three; as a ratio of median speeds (30 over 20) the
+    chain would have read 1.5x."""
     ref = _runs(0.0)[0]
     plain, chain, head = _runs(10, 40, 20), _runs(30, 44, 21), _runs(27, 48, 20)
     row = make_row("m", "w", "chain", chain, ref, plain)
