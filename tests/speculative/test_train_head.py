@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specserve.bench import train_head
+from specserve.bench import head_data, train_head
 from specserve.engine.engine import Engine
 from specserve.engine.request import Request
 from specserve.engine.runner import ModelRunner
@@ -270,36 +270,36 @@ def test_answers_are_made_once_and_read_back(  # noqa: ANN201
         return replies(questions)
 
     def expected(seed: int) -> list[tuple[list[int], list[int]]]:
-        return replies(train_head.asks(3, seed))
+        return replies(head_data.asks(3, seed))
 
-    monkeypatch.setattr(train_head, "answers", fake)
+    monkeypatch.setattr(head_data, "answers", fake)
     loaded = LoadedModel(nearly_bigram(target).float(), None, tmp_path / "tiny")
-    first = train_head.cached_answers(loaded, "tiny", 3, 8, 5)
-    again = train_head.cached_answers(loaded, "tiny", 3, 8, 5)
-    other = train_head.cached_answers(loaded, "tiny", 3, 8, 6)
+    first = head_data.cached_answers(loaded, "tiny", 3, 8, 5)
+    again = head_data.cached_answers(loaded, "tiny", 3, 8, 5)
+    other = head_data.cached_answers(loaded, "tiny", 3, 8, 6)
     assert first == again == expected(5) and other == expected(6) != first
     assert made == [3, 3]
     # more answers of the same ask set: only the asks no cached file answered are decoded
-    more = train_head.cached_answers(loaded, "tiny", 5, 8, 5)
-    assert more == replies(train_head.asks(5, 5)) and more[:3] == first
+    more = head_data.cached_answers(loaded, "tiny", 5, 8, 5)
+    assert more == replies(head_data.asks(5, 5)) and more[:3] == first
     assert made == [3, 3, 2]
     # other prompts (a new version's ask set) are other answers, not the cached ones
-    monkeypatch.setattr(train_head, "TOPICS", ["a well-kept secret"])
-    train_head.cached_answers(loaded, "tiny", 3, 8, 5)
+    monkeypatch.setattr(head_data, "TOPICS", ["a well-kept secret"])
+    head_data.cached_answers(loaded, "tiny", 3, 8, 5)
     assert made == [3, 3, 2, 3]
 
 
 def test_the_prompts_take_python_its_programs_other_languages_and_prose_in_turn() -> None:
-    asks = train_head.asks(30, seed=0)
+    asks = head_data.asks(30, seed=0)
     assert len(set(asks)) == 30
-    prose = [a for a in asks if any(t in a for t in train_head.PROSE_TOPICS)]
-    other = [a for a in asks if any(f" {g} " in a for g in train_head.LANGUAGES)]
-    programs = set(train_head.code_asks(["Python"]))
+    prose = [a for a in asks if any(t in a for t in head_data.PROSE_TOPICS)]
+    other = [a for a in asks if any(f" {g} " in a for g in head_data.LANGUAGES)]
+    programs = set(head_data.code_asks(["Python"]))
     assert len(prose) == len(other) == 7  # and the rest, Python
     assert len(programs.intersection(asks)) == 8
-    assert train_head.asks(30, seed=0) == asks != train_head.asks(30, seed=1)
+    assert head_data.asks(30, seed=0) == asks != head_data.asks(30, seed=1)
     # an ask in two kinds is asked once
-    everything = train_head.asks(10_000, seed=0)
+    everything = head_data.asks(10_000, seed=0)
     assert len(everything) == len(set(everything)) and programs <= set(everything)
 
 
@@ -384,10 +384,10 @@ def test_an_answer_held_out_once_is_held_out_in_every_list_that_has_it() -> None
 
     own = [([i, i + 1, 7], [i % 5, 3]) for i in range(600)]
     shuffled = random.Random(1).sample(own, 400)
-    held, trained = train_head.split_answers(own)
-    held2, trained2 = train_head.split_answers(shuffled)
+    held, trained = head_data.split_answers(own)
+    held2, trained2 = head_data.split_answers(shuffled)
     never = {tuple(p) for p, _ in own} - {tuple(p) for p, _ in trained}
-    assert 0 < len(held) <= train_head.HELD_OUT // 2 and len(never) > len(held)  # 600 / 16
+    assert 0 < len(held) <= head_data.HELD_OUT // 2 and len(never) > len(held)  # 600 / 16
     assert not never & {tuple(p) for p, _ in trained2}
     assert {tuple(p) for p, _ in held2} <= never
-    assert train_head.split_answers(own[:1]) == (own[:1], [])  # too few to draw: the first
+    assert head_data.split_answers(own[:1]) == (own[:1], [])  # too few to draw: the first
