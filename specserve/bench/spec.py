@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -138,6 +139,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
         metavar="CONFIG",
         help="one of --spec-types: a `vs` column gives each configuration's tok/s over this "
         "one's in the same round (median over rounds), e.g. a chain with a head over without",
+    )
+    p.add_argument(
+        "--head-minutes",
+        type=float,
+        default=120.0,
+        help="a configuration with eagle3 for a model whose head is not in the cache trains "
+        "one first (`specserve train-head`, this budget; a stopped run resumes); 0: refuse",
     )
     p.add_argument("--out", type=Path, default=None, help="write spec.json and spec.png here")
 
@@ -263,6 +271,7 @@ def main(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
     if args.versus is not None and args.versus not in (NONE, *args.spec_types):
         raise SpecserveError(f"--versus {args.versus}: not one of --spec-types")
+    own_heads(args)
     session = Session(args)
     rows: list[dict[str, Any]] = []
     for model in args.models:
@@ -281,6 +290,31 @@ def main(args: argparse.Namespace) -> None:
     print(format_table(rows, [*COLUMNS[:6], *versus, *COLUMNS[6:]]))  # after `speedup`
     if args.out:
         write_outputs(rows, args.out, args)
+
+
+def own_heads(args: argparse.Namespace, train: Callable[[str, float], None] | None = None) -> None:
+    """Each model benchmarked with eagle3 has its own head in the cache: one is trained
+    (`train`, by default train-head's) where none is, or a clear error with --head-minutes 0."""
+    from specserve.loading.eagle3 import has_own_head
+
+    for model in args.models:
+        chains = [c.removeprefix(SHARED).split(",") for c in configs_for(model, args)]
+        if not any("eagle3" in chain for chain in chains) or has_own_head(model):
+            continue
+        if args.head_minutes <= 0:
+            raise SpecserveError(
+                f"no EAGLE-3 head for {model} in the cache: train one with `specserve "
+                f"train-head --model {model}`, or give --head-minutes"
+            )
+        minutes = f"{args.head_minutes:g} minutes"
+        print(f"no EAGLE-3 head for {model} in the cache: train-head, {minutes}", flush=True)
+        (train or _train_own_head)(model, args.head_minutes)
+
+
+def _train_own_head(model: str, minutes: float) -> None:
+    from specserve.bench.train_head import train_own_head
+
+    train_own_head(model, minutes)
 
 
 def rounds(

@@ -336,6 +336,14 @@ def _enough(step: int, max_steps: int) -> bool:
     return 0 < max_steps <= step
 
 
+def train_own_head(model: str, minutes: float) -> None:
+    """`specserve train-head --model MODEL --minutes MINUTES` with the other flags' defaults:
+    the head a server's default chain and the benchmarks take in, into the cache."""
+    p = argparse.ArgumentParser()
+    add_args(p)
+    main(p.parse_args(["--model", model, "--minutes", str(minutes)]))
+
+
 def main(args: argparse.Namespace) -> None:
     t0 = time.monotonic()
     deadline = t0 + args.minutes * 60

@@ -98,7 +98,9 @@ def model_stem(model: str | os.PathLike[str]) -> str:
 
 
 def has_own_head(model: str | os.PathLike[str]) -> bool:
-    return (cache_dir() / "heads" / own_head_name(model)).is_dir()
+    """Whether `train-head` has saved a head for the model: its folder holds no more than a
+    checkpoint while a first run trains, or after one was stopped (config.json comes last)."""
+    return (cache_dir() / "heads" / own_head_name(model) / "config.json").is_file()
 
 
 def resolve_head(spec: str | os.PathLike[str]) -> Path:

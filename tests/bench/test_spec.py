@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from specserve.bench.spec import CONFIGS, configs_for, main, rounds
+from specserve.bench.spec import CONFIGS, configs_for, main, own_heads, rounds
 from specserve.bench.spec_report import Run, first_difference, histogram, make_row, paired
 from specserve.cli import build_parser
 from specserve.errors import SpecserveError
@@ -101,3 +103,60 @@ def test_versus_must_be_a_benchmarked_configuration() -> None:
     args = build_parser().parse_args(["bench", "spec", "--spec-types", "suffix", "--versus", "x"])
     with pytest.raises(SpecserveError, match="--versus x"):
         main(args)
+
+
+def _heads_args(*argv: str):  # noqa: ANN202 (the parsed flags)
+    return build_parser().parse_args(["bench", "spec", "--models", "m1", "m2", *argv])
+
+
+def test_a_model_without_its_head_trains_one_before_the_benchmark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """m1 has only a stopped run's checkpoint (no head a server could load), m2 a saved
+    head: only m1 is trained, with --head-minutes; configurations without eagle3 train
+    nothing, and `shared:` chains with it count."""
+    from specserve.loading.eagle3 import has_own_head, save_eagle3
+    from specserve.loading.hf import config_from_hf
+    from tests.tiny import hf_config
+    from tests.tiny_eagle3 import random_head
+
+    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path))
+    (tmp_path / "heads" / "m1-eagle3").mkdir(parents=True)
+    (tmp_path / "heads" / "m1-eagle3" / "checkpoint.pt").write_bytes(b"")
+    save_eagle3(
+        random_head(config_from_hf(hf_config("qwen2").to_dict())), tmp_path / "heads" / "m2-eagle3"
+    )
+    assert not has_own_head("m1") and has_own_head("m2")
+    trained: list[tuple[str, float]] = []
+
+    def train(model: str, minutes: float) -> None:
+        trained.append((model, minutes))
+
+    own_heads(_heads_args("--spec-types", "suffix", "suffix,eagle3", "--head-minutes", "7"), train)
+    assert trained == [("m1", 7.0)]
+    own_heads(_heads_args("--spec-types", "shared:eagle3"), train)
+    assert trained == [("m1", 7.0), ("m1", 120.0)]  # the issue's budget by default
+    own_heads(_heads_args("--spec-types", "suffix", "draft"), train)
+    assert len(trained) == 2
+
+
+def test_no_head_and_no_minutes_to_train_one_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path))
+    args = _heads_args("--spec-types", "eagle3", "--head-minutes", "0")
+    with pytest.raises(SpecserveError, match="train-head --model m1"):
+        main(args)
+
+
+def test_the_head_trained_for_a_benchmark_is_train_heads_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The flags it trains with are `specserve train-head --model M --minutes N`'s."""
+    from specserve.bench import train_head
+
+    seen: list[object] = []
+    monkeypatch.setattr(train_head, "main", seen.append)
+    train_head.train_own_head("m", 7.0)
+    cli = build_parser().parse_args(["train-head", "--model", "m", "--minutes", "7"])
+    assert {k: v for k, v in vars(cli).items() if k not in ("func", "command")} == vars(seen[0])

@@ -189,8 +189,9 @@ def test_engine_settings_load_the_head_named_by_draft_model(tmp_path: Path, monk
 
 
 def test_the_default_chain_takes_in_the_models_own_head(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
-    """`serve` without --spec-type: the default chain, plus eagle3 once train-head has made
-    the model's head; an explicit --spec-type is kept as given."""
+    """`serve` without --spec-type: the default chain, plus eagle3 once train-head has saved
+    the model's head (not while its first run trains); an explicit --spec-type is kept as
+    given."""
     from specserve.cli import build_parser
     from specserve.engine.flags import spec_types_from_args
     from specserve.server.cli_args import DEFAULT_SPEC
@@ -199,7 +200,11 @@ def test_the_default_chain_takes_in_the_models_own_head(tmp_path: Path, monkeypa
     args = build_parser().parse_args(["serve", "--model", "some/tiny.gguf"])
     default = tuple(DEFAULT_SPEC.split(","))
     assert spec_types_from_args(args) == default
-    (tmp_path / "heads" / "tiny-eagle3").mkdir(parents=True)
+    head = tmp_path / "heads" / "tiny-eagle3"
+    head.mkdir(parents=True)
+    (head / "checkpoint.pt").write_bytes(b"")  # a first train-head run, not done yet
+    assert spec_types_from_args(args) == default
+    (head / "config.json").write_text("{}")  # save_eagle3 writes it last
     assert spec_types_from_args(args) == (*default, "eagle3")
     explicit = build_parser().parse_args(["serve", "-m", "some/tiny.gguf", "--spec-type", "suffix"])
     assert spec_types_from_args(explicit) == ("suffix",)
