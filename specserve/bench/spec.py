@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -292,9 +291,10 @@ def main(args: argparse.Namespace) -> None:
         write_outputs(rows, args.out, args)
 
 
-def own_heads(args: argparse.Namespace, train: Callable[[str, float], None] | None = None) -> None:
-    """Each model benchmarked with eagle3 has its own head in the cache: one is trained
-    (`train`, by default train-head's) where none is, or a clear error with --head-minutes 0."""
+def own_heads(args: argparse.Namespace) -> None:
+    """Each model benchmarked with eagle3 has its own head in the cache: `train-head` makes
+    one where none is, or a clear error with --head-minutes 0."""
+    from specserve.bench import train_head
     from specserve.loading.eagle3 import has_own_head
 
     for model in args.models:
@@ -308,13 +308,7 @@ def own_heads(args: argparse.Namespace, train: Callable[[str, float], None] | No
             )
         minutes = f"{args.head_minutes:g} minutes"
         print(f"no EAGLE-3 head for {model} in the cache: train-head, {minutes}", flush=True)
-        (train or _train_own_head)(model, args.head_minutes)
-
-
-def _train_own_head(model: str, minutes: float) -> None:
-    from specserve.bench.train_head import train_own_head
-
-    train_own_head(model, minutes)
+        train_head.train_own_head(model, args.head_minutes)
 
 
 def rounds(

@@ -36,9 +36,8 @@ from specserve.bench.head_data import (
 )
 from specserve.engine.request import SpecParams
 from specserve.errors import SpecserveError
-from specserve.loading.eagle3 import own_head_name, save_calibration, save_eagle3
+from specserve.loading.eagle3 import own_head_dir, save_calibration, save_eagle3
 from specserve.loading.model import LoadedModel, load_model
-from specserve.loading.sources import cache_dir
 from specserve.models.eagle3 import HeadCalibration, default_aux_layers, taps_fit
 from specserve.models.registry import LanguageModel
 from specserve.speculative import head_training as ht
@@ -119,10 +118,6 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="RAM for the target's rows of sequences seen, reused when the data repeats",
     )
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many (0: budget)")
-
-
-def default_out(model: str) -> Path:
-    return cache_dir() / "heads" / own_head_name(model)
 
 
 def draft_vocab(target: LanguageModel, seqs: list[list[int]], size: int) -> torch.Tensor:
@@ -350,7 +345,7 @@ def main(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
     # the weights a server loads by default: the labels are what the served model says
     loaded = load_model(args.model, "float32", progress=True, weights="auto")
-    out = Path(args.out) if args.out else default_out(args.model)
+    out = Path(args.out) if args.out else own_head_dir(args.model)
     out.mkdir(parents=True, exist_ok=True)
     kinds = {k.strip() for k in args.data.split(",") if k.strip()}
     if not kinds or kinds - {"answers", "stdlib"}:

@@ -97,10 +97,15 @@ def model_stem(model: str | os.PathLike[str]) -> str:
     return path.stem if path.suffix == ".gguf" else path.name
 
 
+def own_head_dir(model: str | os.PathLike[str]) -> Path:
+    """Where `train-head` saves a model's head by default, and a server looks for it."""
+    return cache_dir() / "heads" / own_head_name(model)
+
+
 def has_own_head(model: str | os.PathLike[str]) -> bool:
     """Whether `train-head` has saved a head for the model: its folder holds no more than a
     checkpoint while a first run trains, or after one was stopped (config.json comes last)."""
-    return (cache_dir() / "heads" / own_head_name(model) / "config.json").is_file()
+    return (own_head_dir(model) / "config.json").is_file()
 
 
 def resolve_head(spec: str | os.PathLike[str]) -> Path:

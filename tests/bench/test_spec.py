@@ -127,16 +127,16 @@ def test_a_model_without_its_head_trains_one_before_the_benchmark(
         random_head(config_from_hf(hf_config("qwen2").to_dict())), tmp_path / "heads" / "m2-eagle3"
     )
     assert not has_own_head("m1") and has_own_head("m2")
+    from specserve.bench import train_head
+
     trained: list[tuple[str, float]] = []
+    monkeypatch.setattr(train_head, "train_own_head", lambda *call: trained.append(call))
 
-    def train(model: str, minutes: float) -> None:
-        trained.append((model, minutes))
-
-    own_heads(_heads_args("--spec-types", "suffix", "suffix,eagle3", "--head-minutes", "7"), train)
+    own_heads(_heads_args("--spec-types", "suffix", "suffix,eagle3", "--head-minutes", "7"))
     assert trained == [("m1", 7.0)]
-    own_heads(_heads_args("--spec-types", "shared:eagle3"), train)
+    own_heads(_heads_args("--spec-types", "shared:eagle3"))
     assert trained == [("m1", 7.0), ("m1", 120.0)]  # the budget by default
-    own_heads(_heads_args("--spec-types", "suffix", "draft"), train)
+    own_heads(_heads_args("--spec-types", "suffix", "draft"))
     assert len(trained) == 2
 
 
