@@ -45,6 +45,10 @@ from specserve.speculative.mtp import CONFIDENCE
 
 N = TypeVar("N", int, float)
 EVAL_DEPTH = 4  # draft positions scored, however deep the training unrolled
+LR = 6e-4
+# a resumed run peaks at this share of LR: restarted at the full rate, a 25-minute resume of
+# a 100-minute head undid more than it added (docs/perf/2026-11-29-fresh-head.md)
+RESUME_LR = 0.25
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -85,7 +89,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
         default=16000,
         help="draft vocabulary size (its LM head is most of a step's cost)",
     )
-    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help=f"peak learning rate (default {LR:g}; a resumed run {LR * RESUME_LR:g})",
+    )
     p.add_argument(
         "--norm-before-residual",
         action="store_true",
@@ -213,6 +222,13 @@ def _numbers(spec: str, kind: Callable[[str], N]) -> list[N]:
         return []
 
 
+def peak_lr(lr: float | None, resumed: bool) -> float:
+    """The run's peak learning rate: `--lr` where given, else LR, lowered for a resume."""
+    if lr is not None:
+        return lr
+    return LR * RESUME_LR if resumed else LR
+
+
 def lr_scale(step: int, done: float, warmup: int = 50) -> float:
     """Linear warmup, then a cosine from 1 to 0.1 as the budget (`done`, 0..1) is spent."""
     return min(1.0, (step + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(done, 1.0))))
@@ -243,12 +259,14 @@ def train(
     ids = saved["d2t"] if saved else draft_vocab(target, seqs, size)
     head = ht.new_head(target, ids, args.norm_before_residual, layers)
     # fused: one pass over all parameters rather than a loop of small ops per tensor
-    opt = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, fused=True)
+    peak = peak_lr(args.lr, saved is not None)
+    opt = torch.optim.AdamW(head.parameters(), lr=peak, weight_decay=0.0, fused=True)
     if saved:
         head.load_state_dict(saved["head"])
         opt.load_state_dict(saved["opt"])
     step, tokens = (saved["step"], saved["tokens"]) if saved else (0, 0)
     start = step  # a resumed run's learning rate follows its own budget, from warm again
+    top_lr = 0.0
     t2d = torch.full((target.cfg.vocab_size,), -1, dtype=torch.long)
     t2d[head.d2t] = torch.arange(len(head.d2t))
     warmup = max(1, min(50, args.max_steps // 10)) if args.max_steps else 50
@@ -263,8 +281,10 @@ def train(
     with tqdm(desc="train-head", unit="seq", initial=step) as bar:
         while time.monotonic() < deadline and seqs and not _enough(step, args.max_steps):
             done = _done(step - start, args.max_steps - start, t0, deadline)
+            lr = peak * lr_scale(step - start, done, warmup)
             for group in opt.param_groups:
-                group["lr"] = args.lr * lr_scale(step - start, done, warmup)
+                group["lr"] = lr
+            top_lr = max(top_lr, lr)
             rows = seen.get(step % len(seqs), label)
             u = ht.unrolled(head, target.embed, rows, args.steps)
             loss = ht.ttt_loss(head, t2d, u.pairs, rows, step_weights)
@@ -290,6 +310,8 @@ def train(
     # a resumed run keeps what its report said before (the loss of a run that trained)
     before = json.loads(report_file.read_text()) if saved and report_file.exists() else {}
     report = {**before, "steps": step, "tokens": tokens, **measured}
+    if top_lr > 0:
+        report["lr_peak"] = top_lr
     if len(losses) >= 20:  # this run's first and last ten steps
         report["loss_first"], report["loss_last"] = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
     save_eagle3(head, out)

@@ -96,6 +96,9 @@ def test_train_resume_save_and_draft(target, tmp_path: Path) -> None:  # noqa: A
     assert len(first["per_position"]) == train_head.EVAL_DEPTH
     again = train_head.train(loaded, list(seqs), tmp_path, _args(argv=["--max-steps", "60"]), far)
     assert again["steps"] == 60  # resumed from the checkpoint's 30
+    # a resume peaks lower than a fresh run: at the full rate it undid what the first learnt
+    lr, resumed = train_head.LR, train_head.LR * train_head.RESUME_LR
+    assert first["lr_peak"] > 0.9 * lr and 0.5 * resumed < again["lr_peak"] <= resumed
     assert first["loss_last"] < first["loss_first"]  # it learns
     assert again["top1"] > 0.3  # and drafts the nearly-bigram model's next tokens
     head = load_eagle3(tmp_path, model.cfg, torch.float32)
@@ -113,6 +116,11 @@ def test_train_resume_save_and_draft(target, tmp_path: Path) -> None:  # noqa: A
     out, spec = _run(model, "eagle3", head, _prompts()[:2])
     assert out == plain
     assert spec is not None and spec.stats.tokens_accepted > 0
+
+
+def test_a_given_lr_is_the_peak_fresh_or_resumed() -> None:
+    assert train_head.peak_lr(1e-3, resumed=True) == train_head.peak_lr(1e-3, resumed=False) == 1e-3
+    assert train_head.peak_lr(None, resumed=True) < train_head.peak_lr(None, resumed=False)
 
 
 def test_without_max_steps_the_time_budget_alone_bounds_training(  # noqa: ANN201
