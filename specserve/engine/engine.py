@@ -95,7 +95,7 @@ class Engine:
         # thread count per forward by measured speed (None: leave torch's setting alone)
         self.threads = threads
         self.forward = TimedForward(runner, self.cost, threads)
-        self.budget = DraftBudget(self.cost)  # each slot's draft limit, with the cost
+        self.budget = DraftBudget(self.cost)  # each slot's draft limits per drafter, with the cost
         # the mtp speculator needs the target's hidden state at every prompt position, and a
         # reused prefix has none: no prompt cache with it
         self.prompts = PromptCache(runner.memory, enabled=prompt_cache and not runner.record_hidden)
@@ -232,7 +232,7 @@ class Engine:
         own = result.accepted if verified is draft else kept_of(draft, result)
         if self.speculator is not None:
             self.speculator.accept(req.slot, own)
-        self.budget.update(req.slot, len(draft), own, req.spec.n_max)
+        self.budget.update(req.slot, len(draft), own, req.spec.n_max, draft.source)
         req.timings.draft_n += len(verified)
         req.timings.draft_n_accepted += result.accepted
         out = self._emit(req, result.tokens, rows)

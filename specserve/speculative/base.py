@@ -67,6 +67,14 @@ class DraftRequest:
     # may then sample its draft and return them, for rejection sampling (verify.py)
     temperature: float = 0.0
     seed: int = 0
+    # per drafter type, the slot's draft limit from that drafter's own drafts (DraftBudget,
+    # draft_length.py): one drafter's miss does not cut another's next ask
+    limits: Mapping[str, int] = field(default_factory=dict)
+
+    def limited(self, name: str) -> DraftRequest:
+        """The request as drafter `name` gets it: n_max cut to its own limit."""
+        limit = self.limits.get(name)
+        return self if limit is None or limit >= self.n_max else replace(self, n_max=limit)
 
     def verify_cost(self, k: int) -> float:
         """cost[k]; the engine sends one entry per length up to the largest n_max asked."""
@@ -204,6 +212,7 @@ class Speculator:
         """One draft per request: the drafter is asked for the length worth drafting and
         what it drafts is cut to the length worth verifying (`self.worth`), then counted."""
         t0 = time.perf_counter()
+        requests = [r.limited(self.name) for r in requests]
         for req in requests:  # the token after each slot's last draft is known now
             self.rates.settle(req.slot, req.tokens)
         asked = [r for r in map(self._ask, requests) if r is not None]

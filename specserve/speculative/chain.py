@@ -102,10 +102,11 @@ class ChainSpeculator(Speculator):
             self._chosen.pop(r.slot, None)
         for child in self._order(requests):
             costly = child.relative_cost > 0
-            # a revisit is due only where the child may draft at all
+            # a revisit is due only where the child may draft at all; each child is asked
+            # up to its own limit (DraftBudget)
             asks = [
                 r
-                for r in requests
+                for r in (q.limited(child.name) for q in requests)
                 if child.serves(r.types)
                 and not self._outranked(child, r.slot)
                 and (not costly or child.worth.may_ask(r, best[r.slot][0]))
@@ -158,7 +159,9 @@ class ChainSpeculator(Speculator):
         free = [c for c in self.children if c.relative_cost == 0]
         costly = [c for c in self.children if c.relative_cost > 0]
         if len(costly) > 1:  # by the rates over all tiers: the module doc
-            costly.sort(key=lambda c: -sum(c.worth.best_value(r, False) for r in requests))
+            costly.sort(
+                key=lambda c: -sum(c.worth.best_value(r.limited(c.name), False) for r in requests)
+            )
         return free + costly
 
     def _accept(self, slot: int, n_accepted: int, n_proposed: int) -> None:

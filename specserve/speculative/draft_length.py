@@ -1,9 +1,12 @@
 """How long a draft is: decided here, in two halves that a step runs in turn.
 
-1. The engine's half, `DraftBudget`: each slot may draft up to its own limit, which follows
-   measured acceptance. After a draft is kept whole the limit doubles (up to the request's
-   n_max); after a miss it drops to what was accepted plus one. Text where drafts keep
-   missing (prose) thus drafts little; text that repeats (code edits) quickly drafts long.
+1. The engine's half, `DraftBudget`: each drafter may draft up to its own limit per slot,
+   which follows its measured acceptance. After its draft is kept whole the limit doubles
+   (up to the request's n_max); after a miss it drops to what was accepted plus one. Text
+   where drafts keep missing (prose) thus drafts little; text that repeats (code edits)
+   quickly drafts long. Per drafter because in a chain one slot's limit was cut by
+   whichever drafter missed last: a head's one-token miss held the draft model to one
+   token, and it took three kept drafts to ramp back up.
    With the limits goes cost[k], what verifying k draft rows costs this step in plain
    steps (`ForwardCost`, cost.py).
 2. Each drafter's half, `DraftWorth`: a k-token draft it made is worth
@@ -77,31 +80,34 @@ YIELD_PRIOR = 2
 
 
 class DraftBudget:
-    """The engine's half: per slot a limit that follows acceptance, and the step's cost."""
+    """The engine's half: per slot and drafter a limit that follows acceptance, and the
+    step's cost."""
 
     def __init__(self, cost: ForwardCost) -> None:
         self.cost = cost
-        self._limit: dict[int, int] = {}
+        self._limit: dict[int, dict[str, int]] = {}  # slot -> drafter type -> limit
 
     def limit(self, asks: Sequence[DraftRequest], base_rows: int) -> list[DraftRequest]:
-        """The asks with n_max cut to each slot's limit, all with cost[k] up to the longest
-        (base_rows: what the step's forward has without drafts)."""
-        limited = [replace(a, n_max=self.slot_limit(a.slot, a.n_max)) for a in asks]
-        cost = self.cost.relative(base_rows, max((a.n_max for a in limited), default=0))
+        """The asks with each slot's limits per drafter (`DraftRequest.limited`), all with
+        cost[k] up to the longest n_max (base_rows: what the step's forward has without
+        drafts)."""
+        cost = self.cost.relative(base_rows, max((a.n_max for a in asks), default=0))
         unit = self.cost.share_seconds(base_rows)
-        return [replace(a, cost=cost, step_seconds=unit) for a in limited]
+        return [
+            replace(a, cost=cost, step_seconds=unit, limits=dict(self._limit.get(a.slot, {})))
+            for a in asks
+        ]
 
-    def slot_limit(self, slot: int, n_max: int) -> int:
-        return min(n_max, self._limit.get(slot, n_max))
-
-    def update(self, slot: int, n_proposed: int, n_accepted: int, n_max: int) -> None:
-        """The slot's draft of n_proposed tokens kept n_accepted; n_max: the request's."""
+    def update(self, slot: int, n_proposed: int, n_accepted: int, n_max: int, source: str) -> None:
+        """The slot's draft of n_proposed tokens by drafter `source` kept n_accepted; n_max:
+        the request's."""
         if n_proposed == 0:
             return
+        own = self._limit.setdefault(slot, {})
         if n_accepted == n_proposed:
-            self._limit[slot] = min(n_max, max(1, 2 * self.slot_limit(slot, n_max)))
+            own[source] = min(n_max, max(1, 2 * min(n_max, own.get(source, n_max))))
         else:
-            self._limit[slot] = n_accepted + 1
+            own[source] = n_accepted + 1
 
     def reset(self, slot: int) -> None:
         self._limit.pop(slot, None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -410,6 +411,29 @@ def test_the_budget_sends_the_measured_step_with_the_cost() -> None:
     (ask,) = budget.limit([DraftRequest(0, [0], 2)], base_rows=2)
     assert ask.step_seconds == pytest.approx(0.04)  # one slot's share of the 2-row step
     assert ForwardCost(measure=False).share_seconds(1) is None
+
+
+def test_each_drafter_keeps_its_own_draft_limit() -> None:
+    """In a chain one slot's limit once followed whichever drafter missed last: a head's
+    one-token miss held the draft model to one token."""
+    budget = DraftBudget(ForwardCost())
+    budget.update(0, 4, 4, 8, "draft")  # kept whole: its limit stays at n_max
+    budget.update(0, 3, 0, 8, "suffix")  # missed at once: the suffix drafter's drops to 1
+    (ask,) = budget.limit([DraftRequest(0, [0], 8)], base_rows=1)
+    assert (ask.n_max, ask.limited("suffix").n_max, ask.limited("draft").n_max) == (8, 1, 8)
+    free = replace(ask, cost=None)  # rows are free: drafts are cut by the limits alone
+    (d,) = Fixed(list(range(8)), "suffix").draft([free])
+    assert len(d) == 1
+    chain = ChainSpeculator([Fixed(list(range(8)), "suffix"), Fixed(list(range(8)), "draft")])
+    (d,) = chain.draft([free])
+    assert (len(d), d.source) == (8, "draft")
+    budget.update(0, 8, 1, 8, "draft")
+    budget.update(0, 1, 1, 8, "suffix")  # kept whole: doubles
+    (ask,) = budget.limit([DraftRequest(0, [0], 8)], base_rows=1)
+    assert (ask.limited("suffix").n_max, ask.limited("draft").n_max) == (2, 2)
+    budget.reset(0)
+    (ask,) = budget.limit([DraftRequest(0, [0], 8)], base_rows=1)
+    assert ask.limits == {}
 
 
 class Tiered(Fixed):
