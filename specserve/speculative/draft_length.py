@@ -105,7 +105,7 @@ class DraftBudget:
             return
         own = self._limit.setdefault(slot, {})
         if n_accepted == n_proposed:
-            own[source] = min(n_max, max(1, 2 * min(n_max, own.get(source, n_max))))
+            own[source] = min(n_max, max(1, 2 * own.get(source, n_max)))
         else:
             own[source] = n_accepted + 1
 
