@@ -54,11 +54,10 @@ def asks(n: int, seed: int) -> list[str]:
     """n prompts, taken in turn from four kinds so that the head sees more than one
     language's code: each ask about each topic in Python (the standard library's modules
     among them), programs in Python, code in other languages, and prose."""
-    modules = sorted(p.stem for p in Path(sysconfig.get_paths()["stdlib"]).glob("[a-z]*.py"))
-    topics = TOPICS + [f"Python's {m} module" for m in modules]
+    topics = python_topics()
     kinds = [
         [a.format(t) for t in topics for a in ASKS],
-        code_asks(["Python"]),
+        code_asks(["Python"], topics),
         code_asks(LANGUAGES),
         [a.format(t) for t in PROSE_TOPICS for a in PROSE_ASKS],
     ]
@@ -68,29 +67,40 @@ def asks(n: int, seed: int) -> list[str]:
     return list(dict.fromkeys(mixed))[:n]  # "Write a Python function for ..." is in two kinds
 
 
-def code_asks(languages: list[str]) -> list[str]:
-    """Each code ask about each topic in each of these languages."""
-    return [a.format(lang=g, topic=t) for t in TOPICS for g in languages for a in CODE_ASKS]
+def python_topics() -> list[str]:
+    """TOPICS and each of the standard library's modules."""
+    modules = sorted(p.stem for p in Path(sysconfig.get_paths()["stdlib"]).glob("[a-z]*.py"))
+    return TOPICS + [f"Python's {m} module" for m in modules]
+
+
+def code_asks(languages: list[str], topics: list[str] | None = None) -> list[str]:
+    """Each code ask about each topic (TOPICS by default) in each of these languages."""
+    return [
+        a.format(lang=g, topic=t) for t in topics or TOPICS for g in languages for a in CODE_ASKS
+    ]
 
 
 def cached_answers(
     loaded: LoadedModel, model: str, n: int, max_tokens: int, seed: int
 ) -> list[tuple[list[int], list[int]]]:
     """`answers`, kept in the cache beside the heads: a resumed or repeated run with the same
-    model, count, length and seed reads them back instead of decoding them again, and a run
-    with more answers decodes only the asks no cached file of the same ask set answered."""
+    model, count, length and seed reads them back instead of decoding them again, and any run
+    decodes only the prompts no cached file of this model and length answered (a greedy reply
+    to the same prompt ids is the same text, whatever ask set or seed it came in)."""
     questions = asks(n, seed)
     path = _answers_path(model, questions, max_tokens, seed)
     if path.exists():
         return [(p, r) for p, r in json.loads(path.read_text())]
-    known = _known_answers(model, max_tokens, seed)
-    missing = [q for q in questions if q not in known]
+    prompts = [chat_prompt(loaded, q) for q in questions]
+    known = _known_answers(model, max_tokens)
+    missing = [p for p in prompts if tuple(p) not in known]
     if missing:
-        known.update(zip(missing, answers(loaded, missing, max_tokens), strict=True))
-    made = [known[q] for q in questions]
+        made = answers(loaded, missing, max_tokens)
+        known.update((tuple(p), r) for p, r in made)
+    replies = [(p, known[tuple(p)]) for p in prompts]
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_whole(path, lambda tmp: tmp.write_text(json.dumps(made)))
-    return made
+    write_whole(path, lambda tmp: tmp.write_text(json.dumps(replies)))
+    return replies
 
 
 def _answers_path(model: str, questions: list[str], max_tokens: int, seed: int) -> Path:
@@ -99,23 +109,20 @@ def _answers_path(model: str, questions: list[str], max_tokens: int, seed: int) 
     return cache_dir() / "head-answers" / name
 
 
-def _known_answers(
-    model: str, max_tokens: int, seed: int
-) -> dict[str, tuple[list[int], list[int]]]:
-    """ask -> (prompt, reply) from every cached file of this model, length and seed whose
-    asks are `asks`' today (a file of m answers holds the first m asks: the list is cut from
-    one order); a file of another ask set is passed over, its name not matching."""
-    known: dict[str, tuple[list[int], list[int]]] = {}
+def _known_answers(model: str, max_tokens: int) -> dict[tuple[int, ...], list[int]]:
+    """prompt ids -> reply, from every cached file of this model and reply length."""
+    known: dict[tuple[int, ...], list[int]] = {}
     folder = cache_dir() / "head-answers"
-    for path in sorted(folder.glob(f"{model_stem(model)}-*x{max_tokens}-{seed}-*.json")):
-        count = path.name.removeprefix(f"{model_stem(model)}-").split("x", 1)[0]
-        if not count.isdigit():
-            continue
-        questions = asks(int(count), seed)
-        if _answers_path(model, questions, max_tokens, seed) == path:
-            cached = [(p, r) for p, r in json.loads(path.read_text())]
-            known.update(zip(questions, cached, strict=True))
+    for path in sorted(folder.glob(f"{model_stem(model)}-*x{max_tokens}-*.json")):
+        known.update((tuple(p), r) for p, r in json.loads(path.read_text()))
     return known
+
+
+def chat_prompt(loaded: LoadedModel, question: str) -> list[int]:
+    """The prompt ids of one user message in the model's chat template."""
+    if loaded.tokenizer is None:
+        raise SpecserveError("self-distillation needs the model's tokenizer")
+    return list(loaded.tokenizer.chat([{"role": "user", "content": question}]))
 
 
 def split_answers(
@@ -147,17 +154,13 @@ def write_whole(path: Path, write: Callable[[Path], object]) -> None:
 
 
 def answers(
-    loaded: LoadedModel, questions: list[str], max_tokens: int, slots: int = 16
+    loaded: LoadedModel, prompts: list[list[int]], max_tokens: int, slots: int = 16
 ) -> list[tuple[list[int], list[int]]]:
-    """The model's own greedy replies (prompt ids, reply ids) to these user messages."""
+    """The model's own greedy replies (prompt ids, reply ids) to these prompts."""
     from tqdm import tqdm
 
     from specserve.engine.engine import Engine
 
-    tok = loaded.tokenizer
-    if tok is None:
-        raise SpecserveError("self-distillation needs the model's tokenizer")
-    prompts = [tok.chat([{"role": "user", "content": a}]) for a in questions]
     runner = ModelRunner(loaded.model, slots, max(map(len, prompts)) + max_tokens + 8)
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     engine = Engine(runner)
