@@ -224,6 +224,7 @@ def quantize_floats(module: M, weights: str, compute: torch.dtype, device: torch
         return module.to(dtype=compute)
     mode = "int8" if weights == "auto" else weights
     swap_linears(module, linear_modes(module, mode, {}), _use_lowbit(compute, device))
+    fuse_lowbit(module)  # q/k/v and gate/up as one call each, as a loaded model's
     _cast_floats(module, compute)
     return module
 

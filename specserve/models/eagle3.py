@@ -106,7 +106,6 @@ class Eagle3Head(nn.Module):
         self.attn.q = nn.Linear(2 * h, lc.num_heads * hd, bias=lc.attention_bias)
         self.attn.k = nn.Linear(2 * h, lc.num_kv_heads * hd, bias=lc.attention_bias)
         self.attn.v = nn.Linear(2 * h, lc.num_kv_heads * hd, bias=lc.attention_bias)
-        self.attn._one_op = False  # the fused kernel path assumes H-wide inputs
         self.ffn_norm = RMSNorm(h, eps)  # post_attention_layernorm
         self.mlp = GatedMLP(h, lc.intermediate_size, lc.activation)
         self.norm = RMSNorm(h, eps)

@@ -175,10 +175,10 @@ class HiddenStateDrafter(Speculator):
                     tok, q = self._sample(req, logits, len(draft))
                     probs[slot].append(q)
                 else:
-                    best = int(logits.argmax())
+                    best, p = _likeliest(logits)
                     if not draft:  # the first token at any confidence, which labels the draft
-                        draft.tier = confidence_tier(_probability(logits, best))
-                    elif req.p_min > 0 and _probability(logits, best) < req.p_min:
+                        draft.tier = confidence_tier(p)
+                    elif req.p_min > 0 and p < req.p_min:
                         continue  # later ones where the head is sure enough (llama.cpp's p_min)
                     tok = self._target_id(best)
                 draft.tokens.append(tok)
@@ -208,10 +208,12 @@ def confidence_tier(p: float) -> int:
     return 1 + bisect.bisect_right(CONFIDENCE, p)
 
 
-def _probability(logits: torch.Tensor, token: int) -> float:
-    """softmax(logits)[token], without the softmax's whole row."""
-    x = logits.float()
-    return float(torch.exp(x[token] - torch.logsumexp(x, dim=-1)))
+def _likeliest(logits: torch.Tensor) -> tuple[int, float]:
+    """The likeliest token of a row of logits and its probability, from one softmax: an
+    argmax and a logsumexp over the row cost a head's ask more
+    (docs/perf/2026-11-29-head-asks.md)."""
+    p, best = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+    return int(best), float(p)
 
 
 class MtpSpeculator(HiddenStateDrafter):

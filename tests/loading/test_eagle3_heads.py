@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from specserve.batch import FlatBatch
 from specserve.errors import SpecserveError
 from specserve.loading.eagle3 import load_eagle3, save_calibration, save_eagle3
 from specserve.models.eagle3 import Eagle3Head, HeadCalibration
+from specserve.models.layers.lowbit_fused import FusedPart
 from tests.tiny_eagle3 import random_head, write_gguf_head, write_vllm_layout
 
 
@@ -136,6 +138,23 @@ def test_a_head_beside_quantized_weights_is_quantized_too(
     kept = want.isfinite()
     assert torch.equal(kept, got.isfinite())
     assert torch.nn.functional.cosine_similarity(want[kept], got[kept], dim=0) > similar
+    # q/k/v and gate/up run as one kernel call each, as a loaded model's; a cached step
+    # then runs the one-op attention over the head's 2H-wide input
+    assert all(isinstance(p, FusedPart) for p in (quant.attn.q, quant.attn.v, quant.mlp.up))
+    steps = [cached_steps(h, x, e) for h in (plain, quant)]
+    for a, b in zip(*steps, strict=True):
+        assert torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0) > similar
+
+
+def cached_steps(head: Eagle3Head, x: torch.Tensor, e: torch.Tensor) -> list[torch.Tensor]:
+    """The head's outputs over rows 0..3 as one prefill, then rows 4 and 5 one at a time."""
+    cache = head.new_cache(1, 8)
+    g = head.fuse(x)
+    out = []
+    for lo, hi in ((0, 4), (4, 5), (5, 6)):
+        batch = FlatBatch.build([0], [lo], [hi - lo], "cpu")
+        out.append(head(e[lo:hi], g[lo:hi], batch, cache)[0])
+    return out
 
 
 CALIBRATION = HeadCalibration((0.5,), (3, 40), (10, 50), 0.75, 70, 90)
