@@ -299,6 +299,13 @@ def test_answers_are_made_once_and_read_back(  # noqa: ANN201
     more = head_data.cached_answers(loaded, "tiny", 5, 8, 5)
     assert more == expected(5, 5) and more[:3] == first
     assert made[-1] == 2
+    # the same prompts in another order (another version's ask list): all read back
+    before = len(made)
+    reordered = list(reversed(head_data.asks(5, 5)))
+    with monkeypatch.context() as m:
+        m.setattr(head_data, "asks", lambda n, seed: reordered[:n])
+        again = head_data.cached_answers(loaded, "tiny", 5, 8, 5)
+    assert again == list(reversed(expected(5, 5))) and len(made) == before
     # a new version's ask set: its prompts no file answered are decoded, the rest read back
     answered = set(head_data.asks(5, 5)) | set(head_data.asks(3, 6))
     monkeypatch.setattr(head_data, "TOPICS", ["a well-kept secret"])
