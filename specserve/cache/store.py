@@ -34,17 +34,24 @@ DEFAULT_CAP = 8 * 2**30  # llama.cpp's default --cache-ram
 DEFAULT_SHARE = 0.25  # of MemAvailable, when the budget is not given
 
 
-def default_budget(meminfo: str = "/proc/meminfo") -> int:
-    """Bytes for the store when --cache-ram is not given: a quarter of MemAvailable, at
-    most llama.cpp's 8 GiB (0 where the figure cannot be read: no store)."""
+def available_memory(meminfo: str = "/proc/meminfo") -> int | None:
+    """Bytes the machine can still give without swapping (Linux's MemAvailable); None where
+    the figure cannot be read."""
     try:
         with open(meminfo) as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return min(DEFAULT_CAP, int(int(line.split()[1]) * 1024 * DEFAULT_SHARE))
+                    return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 0
+    return None
+
+
+def default_budget(meminfo: str = "/proc/meminfo") -> int:
+    """Bytes for the store when --cache-ram is not given: a quarter of MemAvailable, at
+    most llama.cpp's 8 GiB (0 where the figure cannot be read: no store)."""
+    free = available_memory(meminfo)
+    return 0 if free is None else min(DEFAULT_CAP, int(free * DEFAULT_SHARE))
 
 
 def _host(kv: KV) -> KV:

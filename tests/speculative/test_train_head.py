@@ -418,3 +418,21 @@ def test_an_answer_held_out_once_is_held_out_in_every_list_that_has_it() -> None
     assert not never & {tuple(p) for p, _ in trained2}
     assert {tuple(p) for p, _ in held2} <= never
     assert head_data.split_answers(own[:1]) == (own[:1], [])  # too few to draw: the first
+
+
+def test_the_row_cache_keeps_rows_only_while_the_reserve_stays_free() -> None:
+    made: list[int] = []
+
+    def make(i: int) -> ht.TargetRows:  # tapped states of 1,000 values: 2,000 bytes kept
+        made.append(i)
+        return ht.TargetRows(torch.arange(4), torch.zeros(4, 250), torch.arange(4))
+
+    cache = train_head.RowCache(10**9, reserve=6_000, free=lambda: 10_000 - cache.used)
+    for i in (0, 1, 2, 0, 1, 2):
+        assert cache.get(i, make).aux.dtype == torch.float32
+    assert made == [0, 1, 2, 2]  # the third row would have left under 6,000 bytes free
+    assert cache.used == 4_000
+    unknown = train_head.RowCache(4_000, reserve=6_000, free=lambda: None)
+    for i in (0, 1, 2, 0, 1, 2):
+        unknown.get(i, make)
+    assert made[4:] == [0, 1, 2, 2]  # where free memory is unknown the budget alone bounds it
