@@ -66,8 +66,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--data",
         default="answers,stdlib",
-        help="the model's own answers and/or the Python standard library's source, which "
-        "taught the head the Python code its answers alone did not",
+        help="answers (the model's own) and/or stdlib (the Python standard library's source, "
+        "which taught the head the Python code its answers alone did not), comma-separated "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--answers",
