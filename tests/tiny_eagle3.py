@@ -47,10 +47,12 @@ def draft_ids(vocab: int, draft_vocab: int, seed: int) -> torch.Tensor:
     return torch.randperm(vocab, generator=g)[:draft_vocab].sort().values
 
 
-def random_head(target_cfg: ModelConfig, draft_vocab: int = 96, seed: int = 0) -> Eagle3Head:
+def random_head(
+    target_cfg: ModelConfig, draft_vocab: int = 96, seed: int = 0, heads: int = 4
+) -> Eagle3Head:
     """Random float64 weights, norms near 1, a random reduced draft vocabulary."""
     torch.manual_seed(seed)
-    head = Eagle3Head(head_config(target_cfg, draft_vocab)).double()
+    head = Eagle3Head(head_config(target_cfg, draft_vocab, heads=heads)).double()
     with torch.no_grad():
         for name, p in head.named_parameters():
             if "norm" in name:

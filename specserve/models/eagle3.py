@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -25,7 +26,10 @@ from specserve.batch import FlatBatch
 from specserve.cache.kv import KVCache
 from specserve.models.config import ModelConfig
 from specserve.models.layers.attention import Attention
-from specserve.models.layers.basic import GatedMLP, RMSNorm
+from specserve.models.layers.basic import GatedMLP, RMSNorm, add_norm
+from specserve.models.layers.block_kernel import block_kernel
+
+_UNSET = object()
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,12 @@ def taps_fit(layers: tuple[int, ...], num_layers: int) -> bool:
 
 
 class Eagle3Head(nn.Module):
+    # the cached step's layer past its two input norms as one C++ call where the head runs on
+    # our float32 CPU kernels (DenseBlock.forward_normed: the same kernels, the same bits); a
+    # draft step is small, and the modules' Python calls around its kernels were a large share
+    # of it (docs/perf/2026-11-29-head-kernel.md). False: the modules
+    use_kernel = True
+
     def __init__(self, cfg: Eagle3Config) -> None:
         super().__init__()
         h, eps, lc = cfg.hidden_size, cfg.layer.rms_norm_eps, cfg.layer
@@ -115,6 +125,19 @@ class Eagle3Head(nn.Module):
         self.register_buffer("d2t", torch.arange(cfg.draft_vocab_size))
         self.embed: nn.Embedding | None = None  # the head's own table, if its weights have one
         self.calibration: HeadCalibration | None = None  # measured on held-out text, if saved
+        self._kernel: Any = _UNSET  # made on the first cached step, after the loader fused
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Eagle3Head:  # noqa: ANN401
+        # .to() / .float() make new tensors: the kernel block held the old ones
+        self._kernel = _UNSET
+        return cast(Eagle3Head, super()._apply(fn, recurse))
+
+    def kernel(self) -> Any:  # noqa: ANN401
+        """The kernels' DenseBlock for the layer (its first norm unused), or None."""
+        if self._kernel is _UNSET:
+            norms = [self.embed_norm, self.ffn_norm, None, None]
+            self._kernel = block_kernel(self.attn, self.mlp, norms)
+        return self._kernel
 
     def new_cache(self, num_slots: int, max_len: int, dtype: torch.dtype | None = None) -> KVCache:
         """dtype: the activations' (default: the norms', which quantized linears leave float,
@@ -135,19 +158,31 @@ class Eagle3Head(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """embeds, g [T, H] -> (normed [T, H] for the lm_head, prenorm [T, H] fed back).
         `attend(x) -> [T, H]` runs the attention (cached here, plain causal in training)."""
-        normed_g = self.hidden_norm(g)
-        x = torch.cat((self.embed_norm(embeds), normed_g), dim=-1)
-        residual = normed_g if self.cfg.norm_before_residual else g
+        x, residual = self._inputs(embeds, g)
         x = residual + attend(x)
         x = x + self.mlp(self.ffn_norm(x))
         return self.norm(x), x
+
+    def _inputs(self, embeds: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(what q/k/v read [T, 2H], the residual the attention's output is added to)."""
+        normed_g = self.hidden_norm(g)
+        x = torch.cat((self.embed_norm(embeds), normed_g), dim=-1)
+        return x, normed_g if self.cfg.norm_before_residual else g
 
     def forward(
         self, embeds: torch.Tensor, g: torch.Tensor, batch: FlatBatch, cache: KVCache
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One cached step over flat rows (see `layer`)."""
         cache.check_room(batch)
-        out = self.layer(embeds, g, lambda x: self.attn(x, batch, cache))
+        kernel = self.kernel() if self.use_kernel else None
+        if kernel is not None and g.dtype == torch.float32 and g.device.type == "cpu":
+            x, residual = self._inputs(embeds, g)
+            args = self.attn.cache_args(batch, cache, g.dtype)
+            x, m = kernel.forward_normed(residual, x, *args)
+            x, normed = add_norm(x, m, self.norm)
+            out = normed, x
+        else:
+            out = self.layer(embeds, g, lambda x: self.attn(x, batch, cache))
         cache.advance(batch)
         return out
 

@@ -22,6 +22,7 @@ from specserve.models.layers.quant import (
 )
 from specserve.ops.cpu.build import problem
 from specserve.ops.naive.lowbit import int4_groups
+from tests.spy import Spy
 from tests.tiny import VOCAB, make_hf_model
 from tests.tiny_gguf import write_gguf
 
@@ -244,16 +245,8 @@ def test_the_kernel_block_gives_the_modules_bits(
 
     calls = []  # the kernel blocks really run: each forward goes through them
 
-    class Spy:
-        def __init__(self, kernel: object) -> None:
-            self.kernel = kernel
-
-        def forward(self, *args: object) -> object:
-            calls.append(1)
-            return self.kernel.forward(*args)  # type: ignore[attr-defined]
-
     real = Block.kernel
-    monkeypatch.setattr(Block, "kernel", lambda self: Spy(real(self)))
+    monkeypatch.setattr(Block, "kernel", lambda self: Spy(real(self), "forward", calls))
     got, got_cache = run(True)
     assert len(calls) == 2 * len(blocks)
     want, want_cache = run(False)

@@ -18,6 +18,8 @@ from specserve.models.layers.lowbit_fused import fused_of
 from specserve.ops.cpu.build import problem
 
 if TYPE_CHECKING:
+    from specserve.models.layers.attention import Attention
+    from specserve.models.layers.basic import GatedMLP
     from specserve.models.llama import Block
 
 
@@ -47,13 +49,19 @@ def _norms_ok(pairs: list[tuple[RMSNorm | None, torch.Tensor | None]]) -> bool:
 def dense_block_kernel(block: Block) -> Any | None:  # noqa: ANN401
     """The kernels' DenseBlock for a models/llama.py Block, or None where a piece of it is not
     on our float32 kernels (other dtypes, CUDA, dequantized weights, odd sizes)."""
+    norms = [block.attn_norm, block.ffn_norm, block.post_attn_norm, block.post_ffn_norm]
+    return block_kernel(block.attn, block.mlp, norms)
+
+
+def block_kernel(attn: Attention, mlp: GatedMLP, norms: list[RMSNorm | None]) -> Any | None:  # noqa: ANN401
+    """The kernels' DenseBlock for an attention, an MLP and the block's norms (attn, ffn,
+    post_attn, post_ffn), or None where a piece is not on our float32 kernels. A caller
+    that norms q/k/v's input itself (`forward_normed`) still names a norm of that width."""
     if problem() is not None:
         return None
     from specserve.ops.cpu.build import load
 
     kernels = load()
-    attn, mlp = block.attn, block.mlp
-    norms = [block.attn_norm, block.ffn_norm, block.post_attn_norm, block.post_ffn_norm]
     qk_norms = [attn.q_norm, attn.k_norm]
     weights = [_norm_weight(n) for n in norms + qk_norms]
     calls = [
@@ -65,9 +73,11 @@ def dense_block_kernel(block: Block) -> Any | None:  # noqa: ANN401
     ok = attn._one_op and _norms_ok(list(zip(norms + qk_norms, weights, strict=True)))
     if not ok or any(c is None for c in calls):
         return None
+    first = norms[0]
+    assert first is not None  # every block norms its attention's input
     return kernels.DenseBlock(
         *weights[:4],
-        block.attn_norm.eps,
+        first.eps,
         *calls,
         attn.num_heads,
         attn.scale,

@@ -54,6 +54,17 @@ std::vector<torch::Tensor> DenseBlock::forward(torch::Tensor x, c10::optional<to
   } else {
     normed = rms_norm(x, attn_norm, eps);
   }
+  return forward_normed(x, normed, k_cache, v_cache, cos, sin, slots, starts, cu, positions);
+}
+
+// The block past its first norm: `normed` is what q/k/v read, `x` the residual the attention's
+// output is added to. An EAGLE-3 head's layer comes in here, its q/k/v reading two normed
+// states side by side (models/eagle3.py).
+std::vector<torch::Tensor> DenseBlock::forward_normed(
+    torch::Tensor x, torch::Tensor normed, torch::Tensor k_cache, torch::Tensor v_cache,
+    torch::Tensor cos, torch::Tensor sin, const std::vector<int64_t>& slots,
+    const std::vector<int64_t>& starts, const std::vector<int64_t>& cu,
+    torch::Tensor positions) const {
   const auto att = attend_qkv(qkv(normed), k_cache, v_cache, cos, sin, slots, starts, cu,
                               positions, heads, scale, window, q_norm, k_norm, qk_eps);
   auto a = o(att.reshape({x.size(0), -1}));

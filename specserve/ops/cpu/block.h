@@ -39,4 +39,12 @@ struct DenseBlock {
                                      const std::vector<int64_t>& starts,
                                      const std::vector<int64_t>& cu,
                                      torch::Tensor positions) const;
+
+  std::vector<torch::Tensor> forward_normed(torch::Tensor x, torch::Tensor normed,
+                                            torch::Tensor k_cache, torch::Tensor v_cache,
+                                            torch::Tensor cos, torch::Tensor sin,
+                                            const std::vector<int64_t>& slots,
+                                            const std::vector<int64_t>& starts,
+                                            const std::vector<int64_t>& cu,
+                                            torch::Tensor positions) const;
 };

@@ -33,5 +33,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "heads, scale, window, q_norm, k_norm, qk_eps, silu")
       .def("forward", &DenseBlock::forward,
            "(x, h, k_cache, v_cache, cos, sin, slots, starts, cu, positions) -> "
-           "[x + h, the block's output]");
+           "[x + h, the block's output]")
+      .def("forward_normed", &DenseBlock::forward_normed,
+           "(x, normed, k_cache, v_cache, cos, sin, slots, starts, cu, positions) -> "
+           "[x + attention, the MLP's output]: the block past its first norm");
 }

@@ -1,0 +1,84 @@
+"""An EAGLE-3 head's cached step on the kernels' block (DenseBlock.forward_normed) gives the
+bits of its modules' path, and a head off the low-bit kernels keeps its modules."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from specserve.batch import FlatBatch
+from specserve.cache.kv import KVCache
+from specserve.loading.eagle3 import load_eagle3, save_eagle3
+from specserve.loading.model import load_model
+from specserve.models.config import ModelConfig
+from specserve.models.eagle3 import Eagle3Head
+from specserve.ops.cpu.build import problem
+from tests.spy import Spy
+from tests.tiny import make_hf_model
+from tests.tiny_eagle3 import random_head
+from tests.tiny_gguf import write_gguf
+
+needs_lowbit = pytest.mark.skipif(problem() is not None, reason=f"low-bit kernels: {problem()}")
+
+
+@pytest.fixture(scope="module")
+def target_cfg(tmp_path_factory: pytest.TempPathFactory) -> ModelConfig:
+    # hidden 128 over 2 heads: head_dim 64, which the one-op attention (and so the block) takes
+    hf = make_hf_model("qwen2", seed=5, hidden_size=128, num_attention_heads=2)
+    path = write_gguf(hf, "qwen2", tmp_path_factory.mktemp("target") / "m.gguf")
+    return load_model(path, "float32", with_tokenizer=False, weights="int8").cfg
+
+
+def _head(cfg: ModelConfig, folder: Path, weights: str, before_residual: bool) -> Eagle3Head:
+    head = random_head(cfg, heads=2).float()
+    head.cfg = replace(head.cfg, norm_before_residual=before_residual)
+    save_eagle3(head, folder)
+    return load_eagle3(folder, cfg, weights=weights)
+
+
+def _steps(head: Eagle3Head) -> tuple[list[torch.Tensor], KVCache]:
+    """Two cached steps over two slots (a prefill of each, then 3 and 1 rows): every output."""
+    g = torch.Generator().manual_seed(3)
+    h = head.cfg.hidden_size
+    cache = head.new_cache(2, 32)
+    outs = []
+    with torch.no_grad():
+        for starts, lengths in (([0, 0], [6, 4]), ([6, 4], [3, 1])):
+            n = sum(lengths)
+            embeds, states = torch.randn(n, h, generator=g), torch.randn(n, h, generator=g)
+            batch = FlatBatch.build([0, 1], starts, lengths, "cpu")
+            outs += list(head(embeds, states, batch, cache))
+    return outs, cache
+
+
+@needs_lowbit
+@pytest.mark.parametrize("before_residual", [False, True])
+def test_the_heads_kernel_step_gives_the_modules_bits(
+    target_cfg: ModelConfig,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    before_residual: bool,
+) -> None:
+    head = _head(target_cfg, tmp_path / "head", "int4", before_residual)
+    assert head.kernel() is not None
+    calls = []  # the kernel block really runs: each step goes through it
+
+    real = Eagle3Head.kernel
+    monkeypatch.setattr(Eagle3Head, "kernel", lambda self: Spy(real(self), "forward_normed", calls))
+    got, got_cache = _steps(head)
+    assert len(calls) == 2
+    monkeypatch.setattr(Eagle3Head, "use_kernel", False)
+    want, want_cache = _steps(head)
+    assert len(calls) == 2
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(got_cache.k[0], want_cache.k[0])
+    assert torch.equal(got_cache.v[0], want_cache.v[0])
+
+
+def test_a_float_head_keeps_its_modules(target_cfg: ModelConfig, tmp_path: Path) -> None:
+    # dequantized float32 weights (no low-bit layers): no kernel block
+    assert _head(target_cfg, tmp_path / "head", "dequant", False).kernel() is None
