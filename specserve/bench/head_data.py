@@ -47,7 +47,9 @@ PROSE_ASKS = ["Write a short story about {}.", "Write a paragraph describing {}.
 
 HELD_OUT = 64  # most held-out sequences: each costs a target forward at the end
 HELD_OUT_SHARE = 16  # one answer in this many is never trained on
-STDLIB_TOKENS = 400_000  # a cap on tokenizing time at the start; a run sees fewer
+# a cap on tokenizing time at the start, below what the top-level modules hold; a run given
+# more (--stdlib-tokens) taught the 0.5B's head no more (docs/perf/2026-11-29-head-kernel.md)
+STDLIB_TOKENS = 400_000
 
 
 def asks(n: int, seed: int) -> list[str]:

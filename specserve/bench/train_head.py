@@ -71,6 +71,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "(default: %(default)s)",
     )
     p.add_argument(
+        "--stdlib-tokens",
+        type=int,
+        default=STDLIB_TOKENS,
+        help="tokens of the standard library's source to train on, its modules in a seeded "
+        "random order (default: %(default)s)",
+    )
+    p.add_argument(
         "--answers",
         type=int,
         default=900,
@@ -403,7 +410,7 @@ def main(args: argparse.Namespace) -> None:
         held = [(p + r, max(0, len(p) - 2)) for p, r in kept_out]
         seqs += pieces([p + r for p, r in trained], args.seq_len)
     if "stdlib" in kinds:
-        seqs += stdlib_chunks(loaded, STDLIB_TOKENS, args.seq_len, args.seed)
+        seqs += stdlib_chunks(loaded, args.stdlib_tokens, args.seq_len, args.seed)
     print(f"data: {len(seqs)} sequences in {time.monotonic() - t0:.0f}s")
     report = train(loaded, seqs, out, args, deadline, held)
     report["minutes"] = (time.monotonic() - t0) / 60

@@ -314,22 +314,6 @@ def test_answers_are_made_once_and_read_back(  # noqa: ANN201
     assert made[-1] == len(set(newer) - answered) > 0
 
 
-def test_the_prompts_take_python_its_programs_other_languages_and_prose_in_turn() -> None:
-    asks = head_data.asks(30, seed=0)
-    assert len(set(asks)) == 30
-    prose = [a for a in asks if any(t in a for t in head_data.PROSE_TOPICS)]
-    other = [a for a in asks if any(f" {g} " in a for g in head_data.LANGUAGES)]
-    programs = set(head_data.code_asks(["Python"], head_data.python_topics()))
-    assert len(prose) == len(other) == 7  # and the rest, Python
-    assert set(asks[1::4]) <= programs and len(asks[1::4]) == 8  # every fourth ask
-    # Python programs about the standard library's modules, not only about TOPICS
-    assert len(programs) > 3 * len(head_data.code_asks(["Python"]))
-    assert head_data.asks(30, seed=0) == asks != head_data.asks(30, seed=1)
-    # an ask in two kinds is asked once
-    everything = head_data.asks(10_000, seed=0)
-    assert len(everything) == len(set(everything)) and programs <= set(everything)
-
-
 def test_step_weights_weigh_each_unrolled_steps_loss(target) -> None:  # noqa: ANN001
     model = nearly_bigram(target).float()
     rows = ht.target_rows(model, _own_text(model, n=1)[0], (2, 1, 0))
@@ -402,22 +386,6 @@ def test_confidence_classes_are_the_ones_a_server_labels_drafts_with() -> None:
     tiers = Counter(confidence_tier(float(x)) for x in torch.softmax(pairs[0][0], -1)[:, 0])
     assert cal.first_rows == tuple(tiers[t] for t in range(1, len(CONFIDENCE) + 2))
     assert cal.first_kept == cal.first_rows  # every label was the drafted token
-
-
-def test_an_answer_held_out_once_is_held_out_in_every_list_that_has_it() -> None:
-    """Held out by place, a resumed head was measured on answers an earlier run, whose asks
-    came in another order, had trained on. By the prompt's hash, never."""
-    import random
-
-    own = [([i, i + 1, 7], [i % 5, 3]) for i in range(600)]
-    shuffled = random.Random(1).sample(own, 400)
-    held, trained = head_data.split_answers(own)
-    held2, trained2 = head_data.split_answers(shuffled)
-    never = {tuple(p) for p, _ in own} - {tuple(p) for p, _ in trained}
-    assert 0 < len(held) <= head_data.HELD_OUT // 2 and len(never) > len(held)  # 600 / 16
-    assert not never & {tuple(p) for p, _ in trained2}
-    assert {tuple(p) for p, _ in held2} <= never
-    assert head_data.split_answers(own[:1]) == (own[:1], [])  # too few to draw: the first
 
 
 def test_the_row_cache_keeps_rows_only_while_the_reserve_stays_free() -> None:
