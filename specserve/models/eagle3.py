@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
 
 import torch
 from torch import nn
@@ -27,9 +26,7 @@ from specserve.cache.kv import KVCache
 from specserve.models.config import ModelConfig
 from specserve.models.layers.attention import Attention
 from specserve.models.layers.basic import GatedMLP, RMSNorm, add_norm
-from specserve.models.layers.block_kernel import block_kernel
-
-_UNSET = object()
+from specserve.models.layers.block_kernel import KernelBlockModule
 
 
 @dataclass(frozen=True)
@@ -97,7 +94,7 @@ def taps_fit(layers: tuple[int, ...], num_layers: int) -> bool:
     return len(layers) == 3 and all(0 <= i < num_layers for i in layers)
 
 
-class Eagle3Head(nn.Module):
+class Eagle3Head(KernelBlockModule):
     # the cached step's layer past its two input norms as one C++ call where the head runs on
     # our float32 CPU kernels (DenseBlock.forward_normed: the same kernels, the same bits); a
     # draft step is small, and the modules' Python calls around its kernels were a large share
@@ -125,19 +122,10 @@ class Eagle3Head(nn.Module):
         self.register_buffer("d2t", torch.arange(cfg.draft_vocab_size))
         self.embed: nn.Embedding | None = None  # the head's own table, if its weights have one
         self.calibration: HeadCalibration | None = None  # measured on held-out text, if saved
-        self._kernel: Any = _UNSET  # made on the first cached step, after the loader fused
 
-    def _apply(self, fn: Any, recurse: bool = True) -> Eagle3Head:  # noqa: ANN401
-        # .to() / .float() make new tensors: the kernel block held the old ones
-        self._kernel = _UNSET
-        return cast(Eagle3Head, super()._apply(fn, recurse))
-
-    def kernel(self) -> Any:  # noqa: ANN401
-        """The kernels' DenseBlock for the layer (its first norm unused), or None."""
-        if self._kernel is _UNSET:
-            norms = [self.embed_norm, self.ffn_norm, None, None]
-            self._kernel = block_kernel(self.attn, self.mlp, norms)
-        return self._kernel
+    def kernel_parts(self) -> tuple[Attention, GatedMLP, list[RMSNorm | None]]:
+        # q/k/v read two inputs normed apart (`_inputs`): the block's first norm goes unused
+        return self.attn, self.mlp, [self.embed_norm, self.ffn_norm, None, None]
 
     def new_cache(self, num_slots: int, max_len: int, dtype: torch.dtype | None = None) -> KVCache:
         """dtype: the activations' (default: the norms', which quantized linears leave float,
@@ -174,8 +162,8 @@ class Eagle3Head(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One cached step over flat rows (see `layer`)."""
         cache.check_room(batch)
-        kernel = self.kernel() if self.use_kernel else None
-        if kernel is not None and g.dtype == torch.float32 and g.device.type == "cpu":
+        kernel = self.kernel_for(g)
+        if kernel is not None:
             x, residual = self._inputs(embeds, g)
             args = self.attn.cache_args(batch, cache, g.dtype)
             x, m = kernel.forward_normed(residual, x, *args)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import cast
 
 import torch
 from torch import nn
@@ -12,15 +12,13 @@ from specserve.cache.kv import KVCache
 from specserve.models.config import ModelConfig
 from specserve.models.layers.attention import Attention
 from specserve.models.layers.basic import GatedMLP, RMSNorm, RotaryEmbedding, add_norm
-from specserve.models.layers.block_kernel import dense_block_kernel
+from specserve.models.layers.block_kernel import KernelBlockModule
 from specserve.models.layers.embedding import Embedding, rows_dtype_device
 from specserve.models.layers.lowbit import linear_into
 from specserve.models.layers.taps import Taps
 
-_UNSET = object()
 
-
-class Block(nn.Module):
+class Block(KernelBlockModule):
     # the whole block as one C++ call where every piece runs on our float32 CPU kernels
     # (models/layers/block_kernel.py: the same kernels, the same bits); False: the modules
     use_kernel = True
@@ -36,19 +34,10 @@ class Block(nn.Module):
         sandwich = cfg.sandwich_norm
         self.post_attn_norm = RMSNorm(cfg.hidden_size, eps) if sandwich else None
         self.post_ffn_norm = RMSNorm(cfg.hidden_size, eps) if sandwich else None
-        # made on the first forward, after the loader has fused the low-bit layers
-        self._kernel: Any = _UNSET
 
-    def _apply(self, fn: Any, recurse: bool = True) -> Block:  # noqa: ANN401
-        # .to() / .float() / .cuda() make new tensors: the kernel block held the old ones
-        self._kernel = _UNSET
-        return cast(Block, super()._apply(fn, recurse))
-
-    def kernel(self) -> Any:  # noqa: ANN401
-        """The kernels' DenseBlock for this block, or None (made once)."""
-        if self._kernel is _UNSET:
-            self._kernel = dense_block_kernel(self)
-        return self._kernel
+    def kernel_parts(self) -> tuple[Attention, GatedMLP, list[RMSNorm | None]]:
+        norms = [self.attn_norm, self.ffn_norm, self.post_attn_norm, self.post_ffn_norm]
+        return self.attn, self.mlp, norms
 
     def forward(
         self, x: torch.Tensor, h: torch.Tensor | None, batch: FlatBatch, cache: KVCache
@@ -56,8 +45,8 @@ class Block(nn.Module):
         """x: the residual stream; h: the previous block's output, not yet added to x (None
         in the first block). Returns (x, this block's output): each residual add is left to
         the norm after it, so the two run as one op (`add_norm`)."""
-        kernel = self.kernel() if self.use_kernel else None
-        if kernel is not None and x.dtype == torch.float32 and x.device.type == "cpu":
+        kernel = self.kernel_for(x)
+        if kernel is not None:
             x, out = kernel.forward(x, h, *self.attn.cache_args(batch, cache, x.dtype))
             return x, out
         x, normed = (x, self.attn_norm(x)) if h is None else add_norm(x, h, self.attn_norm)

@@ -7,7 +7,7 @@ tests/models/test_quant.py).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -20,7 +20,8 @@ from specserve.ops.cpu.build import problem
 if TYPE_CHECKING:
     from specserve.models.layers.attention import Attention
     from specserve.models.layers.basic import GatedMLP
-    from specserve.models.llama import Block
+
+_UNSET = object()
 
 
 def _norm_weight(norm: RMSNorm | None) -> torch.Tensor | None:
@@ -46,11 +47,37 @@ def _norms_ok(pairs: list[tuple[RMSNorm | None, torch.Tensor | None]]) -> bool:
     return all(w is not None for n, w in pairs if n is not None)
 
 
-def dense_block_kernel(block: Block) -> Any | None:  # noqa: ANN401
-    """The kernels' DenseBlock for a models/llama.py Block, or None where a piece of it is not
-    on our float32 kernels (other dtypes, CUDA, dequantized weights, odd sizes)."""
-    norms = [block.attn_norm, block.ffn_norm, block.post_attn_norm, block.post_ffn_norm]
-    return block_kernel(block.attn, block.mlp, norms)
+class KernelBlockModule(nn.Module):
+    """A module that can run as one kernels' DenseBlock: a llama Block, an EAGLE-3 head's
+    layer. The block is made on first use, after the loader has fused the low-bit layers,
+    and made again after .to() / .float(), which make new tensors where the block held the
+    old ones. Subclasses name its parts (`kernel_parts`); `use_kernel` False keeps the
+    modules' path."""
+
+    use_kernel = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._kernel: Any = _UNSET
+
+    def _apply(self, fn: Any, recurse: bool = True) -> KernelBlockModule:  # noqa: ANN401
+        self._kernel = _UNSET
+        return cast(KernelBlockModule, super()._apply(fn, recurse))
+
+    def kernel_parts(self) -> tuple[Attention, GatedMLP, list[RMSNorm | None]]:
+        """The attention, the MLP and the norms (attn, ffn, post_attn, post_ffn)."""
+        raise NotImplementedError
+
+    def kernel(self) -> Any:  # noqa: ANN401
+        """The kernels' DenseBlock for this module, or None (made once, see the class doc)."""
+        if self._kernel is _UNSET:
+            self._kernel = block_kernel(*self.kernel_parts())
+        return self._kernel
+
+    def kernel_for(self, x: torch.Tensor) -> Any | None:  # noqa: ANN401
+        """The block where it is to run on `x` (use_kernel, x float32 on CPU), else None."""
+        kernel = self.kernel() if self.use_kernel else None
+        return kernel if x.dtype == torch.float32 and x.device.type == "cpu" else None
 
 
 def block_kernel(attn: Attention, mlp: GatedMLP, norms: list[RMSNorm | None]) -> Any | None:  # noqa: ANN401
