@@ -174,6 +174,29 @@ class Eagle3Head(KernelBlockModule):
         cache.advance(batch)
         return out
 
+    def forward_last(
+        self, embeds: torch.Tensor, g: torch.Tensor, batch: FlatBatch, cache: KVCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward`'s outputs for each sequence's last row only ([S, H] each). In one layer
+        a row's K/V come from its own input alone, so the rows before each last one just
+        store theirs (`Attention.store_kv`): attention, MLP and norms run for the last rows.
+        A head not asked for a while catches up over every token since at the price of its
+        K/V, not of its whole layer per token (docs/perf/2026-11-29-head-catch-up.md)."""
+        lens, last = batch.lens(), batch.last_rows()
+        if max(lens) > 1:
+            ends = set(last)
+            early = [i for i in range(batch.num_tokens) if i not in ends]
+            seqs = [(s, a, n - 1) for s, a, n in zip(batch.slots, batch.starts, lens, strict=True)]
+            slots, firsts, counts = zip(*(q for q in seqs if q[2] > 0), strict=True)
+            before = FlatBatch.build(slots, firsts, counts, g.device)
+            cache.check_room(before)
+            self.attn.store_kv(self._inputs(embeds[early], g[early])[0], before, cache)
+            cache.advance(before)
+            starts = [a + n - 1 for a, n in zip(batch.starts, lens, strict=True)]
+            batch = FlatBatch.build(batch.slots, starts, [1] * len(lens), g.device)
+            embeds, g = embeds[last], g[last]
+        return self(embeds, g, batch, cache)
+
     def target_logits(self, small: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """Draft-vocabulary logits [N, Vd] -> over the target's vocabulary [N, V] (-inf
         outside the draft's)."""

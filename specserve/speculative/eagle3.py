@@ -87,9 +87,9 @@ class Eagle3Speculator(HiddenStateDrafter):
         starts = [self.cache.lengths[s] for s in slots]
         batch = FlatBatch.build(slots, starts, [len(t) for t in tokens], self.device)
         ids = torch.tensor([t for ts in tokens for t in ts], device=self.device)
-        normed, prenorm = self.head(self.embed(ids), torch.cat(hidden), batch, self.cache)
-        last = [c - 1 for c in batch.cu_seqlens[1:]]
-        return list(zip(self.head.lm_head(normed[last]), prenorm[last], strict=True))
+        head = self.head
+        normed, prenorm = head.forward_last(self.embed(ids), torch.cat(hidden), batch, self.cache)
+        return list(zip(head.lm_head(normed), prenorm, strict=True))
 
     def _target_id(self, token: int) -> int:
         return self._d2t[token]

@@ -4,6 +4,7 @@ bits of its modules' path, and a head off the low-bit kernels keeps its modules.
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -39,19 +40,31 @@ def _head(cfg: ModelConfig, folder: Path, weights: str, before_residual: bool) -
     return load_eagle3(folder, cfg, weights=weights)
 
 
-def _steps(head: Eagle3Head) -> tuple[list[torch.Tensor], KVCache]:
-    """Two cached steps over two slots (a prefill of each, then 3 and 1 rows): every output."""
+# two cached steps over two slots, (starts, lengths): a prefill of each, then 3 and 1 rows
+STEPS = (([0, 0], [6, 4]), ([6, 4], [3, 1]))
+
+
+def _steps(head: Eagle3Head, last_only: bool = False) -> tuple[list[torch.Tensor], KVCache]:
+    """Every output of the STEPS, or with last_only each sequence's last row's
+    (`forward_last`)."""
     g = torch.Generator().manual_seed(3)
     h = head.cfg.hidden_size
     cache = head.new_cache(2, 32)
     outs = []
     with torch.no_grad():
-        for starts, lengths in (([0, 0], [6, 4]), ([6, 4], [3, 1])):
+        for starts, lengths in STEPS:
             n = sum(lengths)
             embeds, states = torch.randn(n, h, generator=g), torch.randn(n, h, generator=g)
             batch = FlatBatch.build([0, 1], starts, lengths, "cpu")
-            outs += list(head(embeds, states, batch, cache))
+            step = head.forward_last if last_only else head
+            outs += list(step(embeds, states, batch, cache))
     return outs, cache
+
+
+def _last_rows(outs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`_steps`' outputs (two a step) at each step's last row of each sequence."""
+    last = [FlatBatch.build([0, 1], s, n, "cpu").last_rows() for s, n in STEPS]
+    return [out[last[i // 2]] for i, out in enumerate(outs)]
 
 
 @needs_lowbit
@@ -82,3 +95,31 @@ def test_the_heads_kernel_step_gives_the_modules_bits(
 def test_a_float_head_keeps_its_modules(target_cfg: ModelConfig, tmp_path: Path) -> None:
     # dequantized float32 weights (no low-bit layers): no kernel block
     assert _head(target_cfg, tmp_path / "head", "dequant", False).kernel() is None
+
+
+@pytest.mark.parametrize("weights", ["int4", "dequant"])
+@pytest.mark.parametrize("use_kernel", [True, False])
+def test_a_catch_up_gives_its_last_rows_bits_and_the_whole_cache(
+    target_cfg: ModelConfig,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    weights: str,
+    use_kernel: bool,
+) -> None:
+    # the rows before each sequence's last only store their K/V: the last rows' outputs and
+    # the cache are those of the whole layer run over every row, the same bits on the
+    # low-bit kernels (a row's result never depends on the others'); float linears go
+    # through BLAS, whose sums follow the row count
+    head = _head(target_cfg, tmp_path / "head", weights, False)
+    monkeypatch.setattr(Eagle3Head, "use_kernel", use_kernel)
+    got, got_cache = _steps(head, last_only=True)
+    everything, want_cache = _steps(head)
+    want = _last_rows(everything)
+    same = torch.equal if weights == "int4" else partial(torch.allclose, atol=1e-5)
+    assert [t.shape[0] for t in got] == [2, 2, 2, 2]
+    for a, b in zip(got, want, strict=True):
+        assert same(a, b)
+    assert got_cache.lengths == want_cache.lengths == [9, 5]
+    for slot, n in enumerate(want_cache.lengths):
+        assert same(got_cache.k[0][slot, :n], want_cache.k[0][slot, :n])
+        assert same(got_cache.v[0][slot, :n], want_cache.v[0][slot, :n])

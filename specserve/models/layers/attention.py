@@ -66,6 +66,17 @@ class Attention(nn.Module):
         o = cached_attention(q, kc, vc, batch, self.scale, self.window, self.per_row)
         return self.o(o.reshape(T, -1))
 
+    def store_kv(self, x: torch.Tensor, batch: FlatBatch, cache: KVCache) -> None:
+        """Write the K/V of rows whose attention output nobody reads: x [T, hidden]. The same
+        linears and rotary as `forward`, so the cache holds what `forward` would write."""
+        T = x.shape[0]
+        k = self.k(x).view(T, self.num_kv_heads, self.head_dim)
+        v = self.v(x).view(T, self.num_kv_heads, self.head_dim)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        cos, sin = self.rope.cos_sin(batch.positions, x.dtype)
+        cache.write(self.layer, batch, apply_rotary(k, cos, sin), v)
+
     def cache_args(self, batch: FlatBatch, cache: KVCache, dtype: torch.dtype) -> tuple:
         """What attend_qkv (and the kernels' DenseBlock) take after the layer's input: this
         layer's K/V cache, the rotary tables, and where the batch's rows go."""
