@@ -62,6 +62,23 @@ class FlatBatch:
     def lens(self) -> list[int]:
         return [b - a for a, b in zip(self.cu_seqlens, self.cu_seqlens[1:], strict=False)]
 
+    def split_last(self) -> tuple[FlatBatch | None, list[int], FlatBatch]:
+        """(the rows before each sequence's last as a batch of their own, None if there are
+        none; their row indices here; each sequence's last row as a batch, one row a
+        sequence, in order). For a one-layer head, whose rows before the last only store
+        their K/V (models/eagle3.py `forward_last`)."""
+        lens, ends = self.lens(), set(self.last_rows())
+        seqs = [(s, a, n - 1) for s, a, n in zip(self.slots, self.starts, lens, strict=True)]
+        seqs = [q for q in seqs if q[2] > 0]
+        device = self.positions.device
+        before = None
+        if seqs:
+            slots, firsts, counts = (list(c) for c in zip(*seqs, strict=True))
+            before = FlatBatch.build(slots, firsts, counts, device)
+        early = [i for i in range(self.num_tokens) if i not in ends]
+        starts = [a + n - 1 for a, n in zip(self.starts, lens, strict=True)]
+        return before, early, FlatBatch.build(self.slots, starts, [1] * len(lens), device)
+
     def last_rows(self) -> list[int]:
         """Row index of each sequence's last token (whose logits predict the next one)."""
         return [c - 1 for c in self.cu_seqlens[1:]]

@@ -24,7 +24,7 @@ from torch import nn
 from specserve.batch import FlatBatch
 from specserve.cache.kv import KVCache
 from specserve.models.config import ModelConfig
-from specserve.models.layers.attention import Attention
+from specserve.models.layers.attention import STORE_ONLY_FROM, Attention
 from specserve.models.layers.basic import GatedMLP, RMSNorm, add_norm
 from specserve.models.layers.block_kernel import KernelBlockModule
 
@@ -182,20 +182,16 @@ class Eagle3Head(KernelBlockModule):
         store theirs (`Attention.store_kv`): attention, MLP and norms run for the last rows.
         A head not asked for a while catches up over every token since at the price of its
         K/V, not of its whole layer per token (docs/perf/2026-11-29-head-catch-up.md)."""
-        lens, last = batch.lens(), batch.last_rows()
-        if max(lens) > 1:
-            ends = set(last)
-            early = [i for i in range(batch.num_tokens) if i not in ends]
-            seqs = [(s, a, n - 1) for s, a, n in zip(batch.slots, batch.starts, lens, strict=True)]
-            slots, firsts, counts = zip(*(q for q in seqs if q[2] > 0), strict=True)
-            before = FlatBatch.build(slots, firsts, counts, g.device)
-            cache.check_room(before)
-            self.attn.store_kv(self._inputs(embeds[early], g[early])[0], before, cache)
-            cache.advance(before)
-            starts = [a + n - 1 for a, n in zip(batch.starts, lens, strict=True)]
-            batch = FlatBatch.build(batch.slots, starts, [1] * len(lens), g.device)
-            embeds, g = embeds[last], g[last]
-        return self(embeds, g, batch, cache)
+        if batch.num_tokens - batch.num_seqs < STORE_ONLY_FROM:
+            normed, prenorm = self(embeds, g, batch, cache)
+            return normed[batch.last_rows()], prenorm[batch.last_rows()]
+        before, early, last_batch = batch.split_last()
+        assert before is not None
+        cache.check_room(before)
+        self.attn.store_kv(self._inputs(embeds[early], g[early])[0], before, cache)
+        cache.advance(before)
+        last = batch.last_rows()
+        return self(embeds[last], g[last], last_batch, cache)
 
     def target_logits(self, small: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """Draft-vocabulary logits [N, Vd] -> over the target's vocabulary [N, V] (-inf

@@ -243,6 +243,5 @@ class MtpSpeculator(HiddenStateDrafter):
         starts = [self.cache.lengths[s] for s in slots]
         batch = FlatBatch.build(slots, starts, [len(t) for t in tokens], self.device)
         ids = torch.tensor([t for ts in tokens for t in ts], device=self.device)
-        out = self.head(self.model.embed(ids), torch.cat(hidden), batch, self.cache)
-        last = out[[c - 1 for c in batch.cu_seqlens[1:]]]
+        last = self.head.forward_last(self.model.embed(ids), torch.cat(hidden), batch, self.cache)
         return list(zip(self.model.logits(last), last, strict=True))

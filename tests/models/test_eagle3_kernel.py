@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
@@ -16,7 +17,9 @@ from specserve.loading.eagle3 import load_eagle3, save_eagle3
 from specserve.loading.model import load_model
 from specserve.models.config import ModelConfig
 from specserve.models.eagle3 import Eagle3Head
+from specserve.models.layers.attention import Attention
 from specserve.ops.cpu.build import problem
+from tests.head_steps import STEPS, run_steps
 from tests.spy import Spy
 from tests.tiny import make_hf_model
 from tests.tiny_eagle3 import random_head
@@ -40,25 +43,13 @@ def _head(cfg: ModelConfig, folder: Path, weights: str, before_residual: bool) -
     return load_eagle3(folder, cfg, weights=weights)
 
 
-# two cached steps over two slots, (starts, lengths): a prefill of each, then 3 and 1 rows
-STEPS = (([0, 0], [6, 4]), ([6, 4], [3, 1]))
-
-
 def _steps(head: Eagle3Head, last_only: bool = False) -> tuple[list[torch.Tensor], KVCache]:
-    """Every output of the STEPS, or with last_only each sequence's last row's
-    (`forward_last`)."""
-    g = torch.Generator().manual_seed(3)
-    h = head.cfg.hidden_size
+    """Both outputs of every step (tests/head_steps.py), or with last_only each sequence's
+    last row's (`forward_last`)."""
     cache = head.new_cache(2, 32)
-    outs = []
-    with torch.no_grad():
-        for starts, lengths in STEPS:
-            n = sum(lengths)
-            embeds, states = torch.randn(n, h, generator=g), torch.randn(n, h, generator=g)
-            batch = FlatBatch.build([0, 1], starts, lengths, "cpu")
-            step = head.forward_last if last_only else head
-            outs += list(step(embeds, states, batch, cache))
-    return outs, cache
+    step = head.forward_last if last_only else head
+    runs = run_steps(step, cache, head.cfg.hidden_size)
+    return [t for out, _ in runs for t in cast(tuple, out)], cache
 
 
 def _last_rows(outs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -82,10 +73,10 @@ def test_the_heads_kernel_step_gives_the_modules_bits(
     real = Eagle3Head.kernel
     monkeypatch.setattr(Eagle3Head, "kernel", lambda self: Spy(real(self), "forward_normed", calls))
     got, got_cache = _steps(head)
-    assert len(calls) == 2
+    assert len(calls) == len(STEPS)
     monkeypatch.setattr(Eagle3Head, "use_kernel", False)
     want, want_cache = _steps(head)
-    assert len(calls) == 2
+    assert len(calls) == len(STEPS)
     for a, b in zip(got, want, strict=True):
         assert torch.equal(a, b)
     assert torch.equal(got_cache.k[0], want_cache.k[0])
@@ -112,14 +103,23 @@ def test_a_catch_up_gives_its_last_rows_bits_and_the_whole_cache(
     # through BLAS, whose sums follow the row count
     head = _head(target_cfg, tmp_path / "head", weights, False)
     monkeypatch.setattr(Eagle3Head, "use_kernel", use_kernel)
+    stored: list[int] = []  # rows whose K/V alone were made, per call
+    store_kv = Attention.store_kv
+
+    def counted(self, x, batch, cache):  # noqa: ANN001, ANN202
+        stored.append(x.shape[0])
+        return store_kv(self, x, batch, cache)
+
+    monkeypatch.setattr(Attention, "store_kv", counted)
     got, got_cache = _steps(head, last_only=True)
+    assert stored == [8, 2]  # the last step has one row before its last: the whole layer
     everything, want_cache = _steps(head)
     want = _last_rows(everything)
     same = torch.equal if weights == "int4" else partial(torch.allclose, atol=1e-5)
-    assert [t.shape[0] for t in got] == [2, 2, 2, 2]
+    assert [t.shape[0] for t in got] == [2] * 6
     for a, b in zip(got, want, strict=True):
         assert same(a, b)
-    assert got_cache.lengths == want_cache.lengths == [9, 5]
+    assert got_cache.lengths == want_cache.lengths == [11, 6]
     for slot, n in enumerate(want_cache.lengths):
         assert same(got_cache.k[0][slot, :n], want_cache.k[0][slot, :n])
         assert same(got_cache.v[0][slot, :n], want_cache.v[0][slot, :n])

@@ -13,6 +13,11 @@ from specserve.models.layers.lowbit_fused import joint_output
 from specserve.ops.cpu.build import kernels_for
 from specserve.ops.fast.attention import cached_attention
 
+# a one-layer head's catch-up only stores the K/V of the rows before each last one
+# (`store_kv`) from this many such rows on: for fewer, the extra calls cost more than the
+# rows' MLP saved (docs/perf/2026-11-29-head-catch-up.md)
+STORE_ONLY_FROM = 2
+
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:

@@ -46,11 +46,17 @@ class GatedAttention(nn.Module):
         """x: [T, hidden] -> [T, hidden]; writes this layer's new K/V into the cache."""
         T, hd = x.shape[0], self.head_dim
         q, gate = self.q(x).view(T, self.num_heads, 2 * hd).split(hd, dim=-1)
-        q = self.q_norm(q)
+        cos, sin = self.rope.cos_sin(batch.positions, x.dtype)
+        q = apply_partial_rotary(self.q_norm(q), cos, sin)
+        self.store_kv(x, batch, cache)
+        o = cached_attention(q, cache.k[self.kv_index], cache.v[self.kv_index], batch, self.scale)
+        return self.o(o.reshape(T, -1) * torch.sigmoid(gate.reshape(T, -1)))
+
+    def store_kv(self, x: torch.Tensor, batch: FlatBatch, cache: KVCache) -> None:
+        """Write the K/V of x's rows [T, hidden] into the cache (all `forward` writes): for
+        rows whose attention output nobody reads, this is all a row needs."""
+        T, hd = x.shape[0], self.head_dim
         k = self.k_norm(self.k(x).view(T, self.num_kv_heads, hd))
         v = self.v(x).view(T, self.num_kv_heads, hd)
         cos, sin = self.rope.cos_sin(batch.positions, x.dtype)
-        q, k = apply_partial_rotary(q, cos, sin), apply_partial_rotary(k, cos, sin)
-        cache.write(self.kv_index, batch, k, v)
-        o = cached_attention(q, cache.k[self.kv_index], cache.v[self.kv_index], batch, self.scale)
-        return self.o(o.reshape(T, -1) * torch.sigmoid(gate.reshape(T, -1)))
+        cache.write(self.kv_index, batch, apply_partial_rotary(k, cos, sin), v)
