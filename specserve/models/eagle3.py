@@ -24,7 +24,7 @@ from torch import nn
 from specserve.batch import FlatBatch
 from specserve.cache.kv import KVCache
 from specserve.models.config import ModelConfig
-from specserve.models.layers.attention import STORE_ONLY_FROM, Attention
+from specserve.models.layers.attention import Attention, store_before_last
 from specserve.models.layers.basic import GatedMLP, RMSNorm, add_norm
 from specserve.models.layers.block_kernel import KernelBlockModule
 
@@ -182,15 +182,14 @@ class Eagle3Head(KernelBlockModule):
         store theirs (`Attention.store_kv`): attention, MLP and norms run for the last rows.
         A head not asked for a while catches up over every token since at the price of its
         K/V, not of its whole layer per token (docs/perf/2026-11-29-head-catch-up.md)."""
-        if batch.num_tokens - batch.num_seqs < STORE_ONLY_FROM:
+
+        def store(rows: list[int], before: FlatBatch) -> None:
+            self.attn.store_kv(self._inputs(embeds[rows], g[rows])[0], before, cache)
+
+        last_batch, last = store_before_last(batch, cache, store), batch.last_rows()
+        if last_batch is None:
             normed, prenorm = self(embeds, g, batch, cache)
-            return normed[batch.last_rows()], prenorm[batch.last_rows()]
-        before, early, last_batch = batch.split_last()
-        assert before is not None
-        cache.check_room(before)
-        self.attn.store_kv(self._inputs(embeds[early], g[early])[0], before, cache)
-        cache.advance(before)
-        last = batch.last_rows()
+            return normed[last], prenorm[last]
         return self(embeds[last], g[last], last_batch, cache)
 
     def target_logits(self, small: torch.Tensor, vocab_size: int) -> torch.Tensor:

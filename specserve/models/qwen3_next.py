@@ -18,7 +18,7 @@ from specserve.batch import FlatBatch
 from specserve.cache.kv import KVCache
 from specserve.cache.recurrent import HybridCache, RecurrentCache, RecurrentShape
 from specserve.models.config import LINEAR, HybridConfig
-from specserve.models.layers.attention import STORE_ONLY_FROM
+from specserve.models.layers.attention import store_before_last
 from specserve.models.layers.basic import GatedMLP, RMSNorm
 from specserve.models.layers.embedding import Embedding, rows_dtype_device
 from specserve.models.layers.gated_attention import GatedAttention
@@ -109,16 +109,17 @@ class MtpHead(nn.Module):
         """`forward` for each sequence's last row only [S, hidden]: the rows before it store
         their K/V, as an EAGLE-3 head's do (models/eagle3.py `forward_last`)."""
         x = self._fused(embeds, hidden)
-        if batch.num_tokens - batch.num_seqs < STORE_ONLY_FROM:
-            return self._layer(x, batch, cache)[batch.last_rows()]
-        before, early, last_batch = batch.split_last()
-        assert before is not None
         block = cast(HybridBlock, self.layers[0])
-        assert block.attn is not None  # an MTP layer is full attention
-        cache.check_room(before)
-        block.attn.store_kv(block.attn_norm(x[early]), before, cache)
-        cache.advance(before)
-        return self._layer(x[batch.last_rows()], last_batch, cache)
+        attn = block.attn
+        assert attn is not None  # an MTP layer is full attention
+
+        def store(rows: list[int], before: FlatBatch) -> None:
+            attn.store_kv(block.attn_norm(x[rows]), before, cache)
+
+        last_batch, last = store_before_last(batch, cache, store), batch.last_rows()
+        if last_batch is None:
+            return self._layer(x, batch, cache)[last]
+        return self._layer(x[last], last_batch, cache)
 
     def _fused(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.cat((self.embed_norm(embeds), self.hidden_norm(hidden)), dim=-1))

@@ -17,7 +17,6 @@ from specserve.loading.eagle3 import load_eagle3, save_eagle3
 from specserve.loading.model import load_model
 from specserve.models.config import ModelConfig
 from specserve.models.eagle3 import Eagle3Head
-from specserve.models.layers.attention import Attention
 from specserve.ops.cpu.build import problem
 from tests.head_steps import STEPS, run_steps
 from tests.spy import Spy
@@ -103,14 +102,15 @@ def test_a_catch_up_gives_its_last_rows_bits_and_the_whole_cache(
     # through BLAS, whose sums follow the row count
     head = _head(target_cfg, tmp_path / "head", weights, False)
     monkeypatch.setattr(Eagle3Head, "use_kernel", use_kernel)
-    stored: list[int] = []  # rows whose K/V alone were made, per call
-    store_kv = Attention.store_kv
+    stored: list[int] = []  # rows whose K/V alone were made, per step that split its rows
+    split_last = FlatBatch.split_last
 
-    def counted(self, x, batch, cache):  # noqa: ANN001, ANN202
-        stored.append(x.shape[0])
-        return store_kv(self, x, batch, cache)
+    def counted(self):  # noqa: ANN001, ANN202
+        before, early, last = split_last(self)
+        stored.append(len(early))
+        return before, early, last
 
-    monkeypatch.setattr(Attention, "store_kv", counted)
+    monkeypatch.setattr(FlatBatch, "split_last", counted)
     got, got_cache = _steps(head, last_only=True)
     assert stored == [8, 2]  # the last step has one row before its last: the whole layer
     everything, want_cache = _steps(head)

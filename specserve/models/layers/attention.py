@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -17,6 +19,24 @@ from specserve.ops.fast.attention import cached_attention
 # (`store_kv`) from this many such rows on: for fewer, the extra calls cost more than the
 # rows' MLP saved (docs/perf/2026-11-29-head-catch-up.md)
 STORE_ONLY_FROM = 2
+
+
+def store_before_last(
+    batch: FlatBatch, cache: KVCache, store: Callable[[list[int], FlatBatch], None]
+) -> FlatBatch | None:
+    """A one-layer head's catch-up: `store(rows, before)` writes the K/V of the rows before
+    each sequence's last (their indices in `batch`, and as a batch of their own), the cache
+    then holds them, and the batch of the last rows is returned for the whole layer. None
+    where fewer than STORE_ONLY_FROM rows come before the last ones: nothing is stored, and
+    the whole layer runs over `batch`."""
+    if batch.num_tokens - batch.num_seqs < STORE_ONLY_FROM:
+        return None
+    before, early, last = batch.split_last()
+    assert before is not None
+    cache.check_room(before)
+    store(early, before)
+    cache.advance(before)
+    return last
 
 
 class Attention(nn.Module):
@@ -60,20 +80,18 @@ class Attention(nn.Module):
             )
             return self.o(o.reshape(T, -1))
         q = self.q(x).view(T, self.num_heads, self.head_dim)
-        k = self.k(x).view(T, self.num_kv_heads, self.head_dim)
-        v = self.v(x).view(T, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
         cos, sin = self.rope.cos_sin(batch.positions, x.dtype)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        cache.write(self.layer, batch, k, v)
+        q = apply_rotary(q, cos, sin)
+        self.store_kv(x, batch, cache)
         kc, vc = cache.k[self.layer], cache.v[self.layer]
         o = cached_attention(q, kc, vc, batch, self.scale, self.window, self.per_row)
         return self.o(o.reshape(T, -1))
 
     def store_kv(self, x: torch.Tensor, batch: FlatBatch, cache: KVCache) -> None:
-        """Write the K/V of rows whose attention output nobody reads: x [T, hidden]. The same
-        linears and rotary as `forward`, so the cache holds what `forward` would write."""
+        """Write the K/V of x's rows [T, hidden] into the cache (all the modules' `forward`
+        writes): for rows whose attention output nobody reads, this is all a row needs."""
         T = x.shape[0]
         k = self.k(x).view(T, self.num_kv_heads, self.head_dim)
         v = self.v(x).view(T, self.num_kv_heads, self.head_dim)
