@@ -45,6 +45,8 @@ class Replica:
             self.loop.exchange = OutputExchange()
         self._cursor = 0  # where this replica is in the board's log of shared outputs
         self._stop = threading.Event()
+        # posted before Serve marks this replica running, so /health counts it at once
+        ray.get(self._post_once(), timeout=30)
         threading.Thread(target=self._post, name="board", daemon=True).start()
 
     def _wait_warm(self) -> None:
@@ -55,12 +57,16 @@ class Replica:
                 raise SpecserveError(self.loop.health.error or "the engine did not warm up")
             time.sleep(0.05)
 
+    def _post_once(self) -> Any:
+        """Post this replica's health and metrics to the board; the call's ObjectRef."""
+        status, _ = self.loop.health.report(self.loop.alive)
+        page = metrics.render(self.registry).decode()
+        return self._board.post.remote(self.id, status, page)
+
     def _post(self) -> None:
         while not self._stop.wait(board.PERIOD_S):
-            status, _ = self.loop.health.report(self.loop.alive)
-            page = metrics.render(self.registry).decode()
             try:
-                self._board.post.remote(self.id, status, page)
+                self._post_once()
                 if self.loop.exchange is not None:
                     self._share(self.loop.exchange)
             except Exception as e:  # noqa: BLE001 - the board restarts; keep serving

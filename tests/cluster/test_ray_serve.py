@@ -81,6 +81,9 @@ def sse_events(text: str) -> list[dict[str, Any]]:
 def test_answers_equal_one_server_and_a_second_turn_stays_on_its_replica(
     cluster: str, single: LiveServer
 ) -> None:
+    # asked first: a replica is on the board before Serve marks it running
+    health = httpx2.get(f"{cluster}/health", timeout=30)
+    assert health.status_code == 200 and health.json()["replicas"] == 2
     turn1 = [{"role": "user", "content": "tell me a story about a cat and a dog"}]
     got, want = chat(cluster, turn1), chat(single.url, turn1)
     answer = got.json()["choices"][0]["message"]["content"]
@@ -97,8 +100,6 @@ def test_answers_equal_one_server_and_a_second_turn_stays_on_its_replica(
     r = chat(cluster, turn1, stream=True)
     deltas = [e["choices"][0]["delta"].get("content") or "" for e in sse_events(r.text)]
     assert "".join(deltas) == answer
-    health = httpx2.get(f"{cluster}/health", timeout=30)
-    assert health.status_code == 200 and health.json()["replicas"] == 2
     page = httpx2.get(f"{cluster}/metrics", timeout=30).text
     assert page.count("specserve:num_requests_running{") == 2  # one sample per replica
 
