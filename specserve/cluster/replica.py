@@ -46,7 +46,10 @@ class Replica:
         self._cursor = 0  # where this replica is in the board's log of shared outputs
         self._stop = threading.Event()
         # posted before Serve marks this replica running, so /health counts it at once
-        ray.get(self._post_once(), timeout=30)
+        try:
+            ray.get(self._post_once(), timeout=30)
+        except Exception as e:  # noqa: BLE001 - the board restarts; the loop posts again
+            log.warning("could not post to the board: %s", e)
         threading.Thread(target=self._post, name="board", daemon=True).start()
 
     def _wait_warm(self) -> None:
