@@ -16,7 +16,6 @@ from typing import Any, Protocol
 
 import torch
 
-from specserve.batch import FlatBatch
 from specserve.models.eagle3 import Eagle3Head, HeadCalibration
 from specserve.models.layers.embedding import rows_dtype_device
 from specserve.models.size import step_bytes
@@ -84,9 +83,7 @@ class Eagle3Speculator(HiddenStateDrafter):
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """One head forward over every slot's rows -> per slot (draft-vocabulary logits of
         its last row [Vd], its pre-norm state [H], the next draft step's input)."""
-        starts = [self.cache.lengths[s] for s in slots]
-        batch = FlatBatch.build(slots, starts, [len(t) for t in tokens], self.device)
-        ids = torch.tensor([t for ts in tokens for t in ts], device=self.device)
+        batch, ids = self._rows(slots, tokens)
         head = self.head
         normed, prenorm = head.forward_last(self.embed(ids), torch.cat(hidden), batch, self.cache)
         return list(zip(head.lm_head(normed), prenorm, strict=True))

@@ -90,6 +90,7 @@ class HiddenStateDrafter(Speculator):
     `_forward`: one head step over every slot's rows."""
 
     first_rates = class_rates(CONFIDENCE)
+    device: torch.device  # where the head runs (each subclass sets it)
 
     def __init__(
         self,
@@ -148,6 +149,13 @@ class HiddenStateDrafter(Speculator):
         """One head forward over every slot's rows -> per slot (logits of its last row over
         the head's vocabulary [Vd], the state its next draft step is fed [D])."""
         raise NotImplementedError
+
+    def _rows(self, slots: list[int], tokens: list[list[int]]) -> tuple[FlatBatch, torch.Tensor]:
+        """A head step's rows: each slot's tokens as a batch from its cache's length on, and
+        their ids, on the head's device."""
+        starts = [self.cache.lengths[s] for s in slots]
+        batch = FlatBatch.build(slots, starts, [len(t) for t in tokens], self.device)
+        return batch, torch.tensor([t for ts in tokens for t in ts], device=self.device)
 
     def _target_id(self, token: int) -> int:
         """A token of the head's vocabulary as the target's (the same where they are one)."""
@@ -240,8 +248,6 @@ class MtpSpeculator(HiddenStateDrafter):
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """One head forward over every slot's rows -> per slot (logits of its last row [V],
         the head's hidden state of its last row [D])."""
-        starts = [self.cache.lengths[s] for s in slots]
-        batch = FlatBatch.build(slots, starts, [len(t) for t in tokens], self.device)
-        ids = torch.tensor([t for ts in tokens for t in ts], device=self.device)
+        batch, ids = self._rows(slots, tokens)
         last = self.head.forward_last(self.model.embed(ids), torch.cat(hidden), batch, self.cache)
         return list(zip(self.model.logits(last), last, strict=True))
