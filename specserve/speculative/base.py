@@ -242,6 +242,7 @@ class Speculator:
             d = Draft()
         self.rates.hold(req.slot, len(req.tokens), full.tokens, full.tier)
         self._last[req.slot] = (len(d), full.tier)
+        self.worth.ledger.offered(req.slot, req.verify_cost(len(d)))
         return d
 
     def _named(self, d: Draft) -> Draft:
@@ -266,6 +267,7 @@ class Speculator:
         proposed, tier = self._last.pop(slot, (0, 0))
         if not 0 <= n_accepted <= proposed:
             raise ValueError(f"slot {slot}: accepted {n_accepted} of a {proposed}-token draft")
+        self.worth.ledger.settle(slot, n_accepted if proposed else None)
         if proposed:  # as llama.cpp: the statistics count verified, non-empty drafts
             self.stats.record_draft(proposed)
             self.stats.record_accept(n_accepted, proposed)
@@ -281,8 +283,9 @@ class Speculator:
 
     def discard(self, slot: int) -> None:
         """The slot's last draft was not verified (a chain chose another drafter's); the
-        rates still learn from its first token (rates.py)."""
+        rates still learn from its first token (rates.py), and its ask brought nothing."""
         self._last.pop(slot, None)
+        self.worth.ledger.settle(slot, None)
 
     def reset(self, slot: int) -> None:
         self._last.pop(slot, None)

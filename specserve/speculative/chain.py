@@ -25,6 +25,10 @@ draft is relabelled by whether the two agree on their first token (`AGREED`, `CO
 its rates learnt per label like any tier, and valued again: a head that reads the target's
 states is evidence about a lookup's guess, and the record of the lookup's other drafts is
 not.
+
+A costly drafter's ask is settled against the draft it would displace, as judged once its
+own draft witnessed it (`_promise`): what it saved is only what it added to that
+(ledger.py).
 """
 
 from __future__ import annotations
@@ -116,6 +120,7 @@ class ChainSpeculator(Speculator):
             for req, d in zip(asks, child.draft(asks), strict=True):
                 if costly and d:
                     self._witness(req, d, best)
+                    child.worth.ledger.against(req.slot, self._promise(req, *best[req.slot]))
                 value = child.worth.value(req, d) if d else 0.0
                 if value > best[req.slot][0]:
                     if req.slot in self._chosen:
@@ -125,6 +130,12 @@ class ChainSpeculator(Speculator):
                 else:
                     child.discard(req.slot)
         return [best[r.slot][1] for r in requests]
+
+    @staticmethod
+    def _promise(req: DraftRequest, value: float, d: Draft) -> float:
+        """The plain steps draft `d`, worth `value`, promises to save: its expected tokens
+        (value * cost) less its verification's cost."""
+        return (value - 1) * req.verify_cost(len(d))
 
     def _outranked(self, child: Speculator, slot: int) -> bool:
         """Whether a costly drafter as dear as `child` or dearer has the slot's best draft

@@ -25,9 +25,10 @@
    its recent asks that gave a draft at all (a draft model stops under p_min, often at
    once). Where its drafts come in several tiers (a head's confidence classes), ask(k) is
    the mean over its tiers of the draft each would be cut to (`DraftWorth._by_tier`).
-   It is not asked where no length is worth MIN_GAIN (but a few times while its rates
-   are unknown, EXPLORE, and now and then after, REVISIT, so that the rates follow the
-   text). What it drafts is then cut to the length worth the most to verify, drafting
+   It is not asked where no length is worth MIN_GAIN, nor where its recent asks saved
+   less than MIN_GAIN's margin whatever its rates promise (ledger.py), but a few times
+   while its rates are unknown (EXPLORE) and now and then after (REVISIT), so that they
+   follow the text. What it drafts is then cut to the length worth the most to verify, drafting
    being paid by then, or dropped where no length is worth MIN_GAIN. A drafter that drafts
    for free (a lookup) is asked for n_max.
 
@@ -45,6 +46,7 @@ from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from specserve.speculative.cost import ForwardCost
+from specserve.speculative.ledger import AskLedger
 from specserve.speculative.rates import ANY, at
 
 if TYPE_CHECKING:  # base.py builds a DraftWorth per speculator
@@ -126,6 +128,7 @@ class DraftWorth:
         self.explored = 0  # asks made against the estimate, to learn the rates (EXPLORE)
         self.declined = 0  # asks not made since the last revisit (REVISIT)
         self._revisits: set[int] = set()  # slots a chain asks this drafter on to revisit
+        self.ledger = AskLedger()  # what its asks saved: the check on its rates (ledger.py)
 
     def priced(self, seconds: float, asked: Sequence[DraftRequest], made: Sequence[Draft]) -> None:
         """The drafter answered `asked` with `made` in `seconds`. Kept as seconds per draft
@@ -134,14 +137,22 @@ class DraftWorth:
         moves both, does not move the price. Only asks in steady state are kept: an ask after
         a pause (a revisit, a new prompt) first catches up over every token since, and priced
         at that, a drafter once declined looked dearer at each revisit and was never asked
-        again (the 0.5B draft on the 1.5B's prose: 0.9 of a step a token, against 0.4)."""
+        again (the 0.5B draft on the 1.5B's prose: 0.9 of a step a token, against 0.4).
+        The ledger takes each ask at what it cost, or after a pause at the steady price,
+        for the same reason (asks whose rows are unpriced, cost None, it does not judge)."""
         steady = all(self._steady(r) for r in asked)
         for r in asked:
             self._asked[r.slot] = (len(r.tokens), r.n_max)
         unit = asked[0].step_seconds if asked else None
-        positions = sum(min(r.n_max, len(d) + 1) for r, d in zip(asked, made, strict=True))
-        if steady and unit and positions > 0 and seconds > 0:
-            self._prices.append(seconds / positions / unit)
+        run = [min(r.n_max, len(d) + 1) for r, d in zip(asked, made, strict=True)]
+        price = seconds / sum(run) / unit if unit and sum(run) > 0 and seconds > 0 else None
+        if steady and price is not None:
+            self._prices.append(price)
+        else:
+            price = self.draft_cost
+        for r, positions in zip(asked, run, strict=True):
+            if r.cost is not None:  # where rows are free nothing is judged
+                self.ledger.asked(r.slot, price * positions)
 
     def yielded(self, made: bool) -> None:
         """An ask gave a draft (made) or nothing (the drafter was unsure of its first token)."""
@@ -163,6 +174,7 @@ class DraftWorth:
     def forget(self, slot: int) -> None:
         """The slot starts another sequence: its next ask catches up over a new prompt."""
         self._asked.pop(slot, None)
+        self.ledger.forget(slot)
 
     @property
     def draft_cost(self) -> float:
@@ -236,21 +248,31 @@ class DraftWorth:
     def ask_length(self, req: DraftRequest) -> int | None:
         """How many tokens the drafter is asked for; None: it is not asked. A drafter that
         drafts for free is asked for n_max; one that pays per token for the length worth the
-        most with its drafting counted, or, while its rates are unknown, for one token."""
+        most with its drafting counted, or, while its rates are unknown, for one token. A
+        revisit asks for that length too where only the ledger held the drafter back (a
+        draft model's worth is in long drafts, which one token cannot show), else for one."""
         draft_cost = self.draft_cost
         if draft_cost == 0 or req.cost is None:
             return req.n_max
-        if req.slot in self._revisits:
-            self._revisits.discard(req.slot)
-            return 1
         values = self.ask_values(req, req.n_max, draft_cost)
         best = _best_length(values)
-        if best and values[best] >= MIN_GAIN:
-            return best
+        worth = best if best and values[best] >= MIN_GAIN else 0
+        if req.slot in self._revisits:  # a chain's (may_ask)
+            self._revisits.discard(req.slot)
+            return worth or 1
+        if worth and self.paying:
+            return worth
         if best and self._untried():
             self.explored += 1
             return 1
-        return 1 if best and self._revisit_due() else None
+        return (worth or 1) if best and self._revisit_due() else None
+
+    @property
+    def paying(self) -> bool:
+        """Whether the drafter's recent asks saved what MIN_GAIN asks of a draft (ledger.py):
+        a step with a draft costs a little outside what the ledger counts, as it does
+        outside the forward."""
+        return self.ledger.paying(MIN_GAIN - 1)
 
     def _untried(self) -> bool:
         """Whether the drafter's rates are still its prior's (EXPLORE); counted in asks, as
@@ -263,7 +285,9 @@ class DraftWorth:
         it could do better, while its rates are unknown (EXPLORE: judged by the prior alone,
         the 0.5B draft went unasked for the 1.5B's first steps after the head's first draft
         missed), and now and then where it could not (REVISIT)."""
-        if self.best_value(req) > beat or (req.n_max > 0 and self._untried()):
+        if self.paying and self.best_value(req) > beat:
+            return True
+        if req.n_max > 0 and self._untried():
             return True
         if req.n_max > 0 and self._revisit_due():
             self._revisits.add(req.slot)

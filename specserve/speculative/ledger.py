@@ -1,0 +1,90 @@
+"""What a costly drafter's asks brought, ask by ask: the check on what its rates promise.
+
+A costly drafter (a head, a draft model) is asked where its rates and price say a draft
+will pay (draft_length.py). Those are estimates, and they err in its favour: each step's
+best draft is the one whose estimate came out highest, and a head's calibration was taken
+on other text than the request's. So every ask is also settled by what it brought, in
+plain steps saved:
+
+    saved = kept - (cost(k) - 1) - paid - against
+
+kept being the draft tokens the target kept, cost(k) what verifying its k rows cost
+(1: none verified), paid the ask's drafting as timed, and against the steps the draft it
+displaced promised to save (a chain's lookup draft, as valued once the ask's draft agreed
+with it or not; 0 where there was none). An ask whose draft was not verified saved -paid.
+An ask after a pause is charged the drafter's steady price instead (draft_length.py):
+charged its catch-up over the tokens since, a revisit costs more than an ask in a row,
+and would keep a stopped drafter stopped.
+
+Where the asks saved less than a small margin on average (a moving average over about
+the last SPAN asks, LEAST at least), the drafter is asked only to revisit (REVISIT), for
+as long a draft as its rates say is worth it; the revisits move the average, so it comes
+back where the text changes. By its rates alone the 1.5B's head promised more on prose
+than it kept, and the chain ran slower with it than without (docs/perf/2026-11-29-ask-
+and-rows.md, docs/perf/2026-11-30-ask-ledger.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# the average is a plain mean of the first SPAN asks, then moves 1/SPAN of the way to each
+# new one: a few dozen steps of an answer, and a handful of revisits to come back
+SPAN = 16
+# an average over fewer asks than this does not stop a drafter: one ask saves several
+# tokens or costs a fraction of a step, so a few misses say little: judged after eight, a
+# draft model was at times stopped on code before its long drafts showed
+# (docs/perf/2026-11-30-ask-ledger.md)
+LEAST = SPAN
+
+
+@dataclass
+class _Open:
+    """An ask whose draft is not yet settled."""
+
+    paid: float  # its drafting, in plain steps
+    against: float = 0.0  # the steps the draft it would displace promises to save
+    rows: float = 1.0  # cost(k) of the rows offered for verification (1: none)
+
+
+class AskLedger:
+    """One drafter's asks and what each saved (the module doc)."""
+
+    def __init__(self) -> None:
+        self._open: dict[int, _Open] = {}
+        self.asks = 0  # settled so far
+        self.mean = 0.0  # the steps they saved, on average (the module doc)
+
+    def asked(self, slot: int, paid: float) -> None:
+        """The drafter was asked for `slot` and paid `paid` steps; the ask before it, if
+        still open, was never verified."""
+        self.settle(slot, None)
+        self._open[slot] = _Open(paid)
+
+    def against(self, slot: int, saved: float) -> None:
+        """The slot's draft would displace one that promises to save `saved` steps."""
+        if slot in self._open:
+            self._open[slot].against = saved
+
+    def offered(self, slot: int, rows: float) -> None:
+        """The slot's draft went to verification at cost(k) `rows`."""
+        if slot in self._open:
+            self._open[slot].rows = rows
+
+    def settle(self, slot: int, kept: int | None) -> None:
+        """The slot's open ask: its draft had `kept` tokens kept (None: not verified)."""
+        ask = self._open.pop(slot, None)
+        if ask is None:
+            return
+        saved = -ask.paid if kept is None else kept - (ask.rows - 1) - ask.paid - ask.against
+        self.asks += 1
+        self.mean += (saved - self.mean) / min(self.asks, SPAN)
+
+    def forget(self, slot: int) -> None:
+        """The slot starts another sequence: its open ask is its last one's, settled."""
+        self.settle(slot, None)
+
+    def paying(self, margin: float) -> bool:
+        """Whether the recent asks saved `margin` steps or more on average (or are too few
+        to say)."""
+        return self.asks < LEAST or self.mean >= margin

@@ -1,0 +1,159 @@
+"""The ledger of a costly drafter's asks: what each saved, and the asks it stops."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from specserve.speculative import ledger
+from specserve.speculative.base import Draft, DraftRequest, Speculator
+from specserve.speculative.chain import AGREED, ChainSpeculator
+from specserve.speculative.draft_length import REVISIT
+from specserve.speculative.ledger import LEAST, SPAN, AskLedger
+from tests.speculative.test_cost import Fixed, teach
+
+
+def test_an_ask_saves_its_kept_tokens_less_its_rows_its_drafting_and_what_it_displaced() -> None:
+    book = AskLedger()
+    book.asked(0, paid=0.25)
+    book.against(0, 0.5)
+    book.offered(0, rows=1.5)
+    book.settle(0, kept=2)
+    assert (book.asks, book.mean) == (1, pytest.approx(2 - 0.5 - 0.25 - 0.5))
+    book.asked(0, paid=0.25)  # never verified: the next ask settles it
+    book.asked(0, paid=0.5)
+    book.settle(0, None)
+    assert book.asks == 3 and book.mean == pytest.approx((0.75 - 0.25 - 0.5) / 3)
+    book.settle(0, 1)  # nothing open: nothing to settle
+    assert book.asks == 3
+
+
+def test_the_average_stops_a_drafter_only_over_enough_asks_and_then_follows_the_recent() -> None:
+    book = AskLedger()
+    for _ in range(LEAST - 1):
+        book.asked(0, paid=0.1)
+        book.settle(0, None)
+    assert book.paying(0.0)  # too few asks to say
+    book.asked(0, paid=0.1)
+    book.forget(0)  # a new sequence on the slot: its open ask brought nothing
+    assert not book.paying(0.0) and book.mean == pytest.approx(-0.1)
+    for _ in range(4 * SPAN):  # a long run of losing asks, then a few that pay
+        book.asked(0, paid=0.1)
+        book.settle(0, None)
+    wins = 0
+    while not book.paying(0.0):
+        book.asked(0, paid=0.1)
+        book.offered(0, rows=1.1)
+        book.settle(0, kept=1)
+        wins += 1
+    assert 1 < wins <= 4  # a moving average: the long run of misses does not hold it down
+
+
+class Promising(Fixed):
+    """A costly drafter whose rates say its every token is kept, whatever the record says
+    (a head calibrated on other text than the request's)."""
+
+    def acceptance_rates(self, slot: int, n: int, tier: int = 0) -> list[float]:
+        return [0.95 ** (i + 1) for i in range(n)]
+
+
+def _asks_per_step(spec: Speculator, drafter: Fixed, steps: int, right: bool) -> list[int]:
+    """Per step, whether `drafter` was asked, on a text of 1s; its drafts of 1s are kept
+    where `right`, else it drafts 2s."""
+    context, asked = [0], []
+    drafter.tokens = [1] if right else [2]
+    for _ in range(steps):
+        before = drafter.asked
+        (d,) = spec.draft([DraftRequest(0, list(context), 1, cost=[1.0, 1.2])])
+        asked.append(drafter.asked - before)
+        kept = len(d) if right else 0
+        spec.accept(0, kept)
+        context += [1] * (kept + 1)
+    return asked
+
+
+@pytest.mark.parametrize("in_chain", [False, True])
+def test_a_drafter_whose_rates_promise_what_its_asks_never_bring_is_stopped(
+    in_chain: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its rates say every ask pays; every draft misses. Without the ledger it is asked in
+    every step; with it, after LEAST asks only to revisit, alone or in a chain. When its
+    drafts turn right, the revisits bring it back."""
+    steps = 6 * REVISIT
+    for check in (False, True):
+        if not check:
+            monkeypatch.setattr(ledger, "LEAST", 10**9)
+        else:
+            monkeypatch.undo()
+        head = Promising([2], "head", cost=0.1)
+        spec: Speculator = ChainSpeculator([Fixed([], "lookup"), head]) if in_chain else head
+        asked = _asks_per_step(spec, head, steps, right=False)
+        if not check:
+            assert all(asked)
+            continue
+        assert all(asked[:LEAST]) and sum(asked[LEAST:]) <= (steps - LEAST) // REVISIT + 1
+        back = _asks_per_step(spec, head, 10 * REVISIT, right=True)
+        assert all(back[-REVISIT:])
+
+
+def test_a_costly_drafter_in_a_chain_is_judged_against_the_draft_it_would_displace() -> None:
+    """A lookup's draft stands; a head that promises more is asked, and its ask is settled
+    against what the lookup's draft promised once the head agreed with it: it saved only
+    what it added to that."""
+    lookup, head = Fixed([1], "lookup"), Fixed([1, 1], "head", cost=0.1)
+    teach(lookup, slot=0, n_accepted=1, times=4)
+    teach(lookup, slot=0, n_accepted=0, times=4)
+    teach(head, slot=0, n_accepted=2, times=SPAN - 4, n_max=2)  # a plain mean
+    chain = ChainSpeculator([lookup, head])
+    cost = [1.0, 1.1, 1.2]
+    req = DraftRequest(0, [0], 2, cost=cost)
+    standing = lookup.worth.value(req, Draft([1], tier=AGREED))
+    (d,) = chain.draft([req])
+    assert d.source == "head"
+    before = head.worth.ledger.mean * head.worth.ledger.asks
+    chain.accept(0, 2)
+    saved = head.worth.ledger.mean * head.worth.ledger.asks - before
+    paid = head.worth.draft_cost * 2  # two positions run: it drafted both it was asked for
+    assert saved == pytest.approx(2 - (cost[2] - 1) - paid - (standing - 1) * cost[1])
+
+
+class Empty(Speculator):
+    name, relative_cost = "unsure", 0.2
+
+    def _draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        return [Draft() for _ in requests]
+
+
+def test_an_ask_that_drafted_nothing_paid_for_nothing() -> None:
+    spec = Empty()
+    for _ in range(3):
+        (d,) = spec.draft([DraftRequest(0, [0], 2, cost=[1.0, 1.1, 1.2])])
+        spec.accept(0, 0)
+    assert spec.worth.ledger.asks == 3
+    assert spec.worth.ledger.mean == pytest.approx(-spec.worth.draft_cost)
+
+
+class Recorded(Promising):
+    """Promising, and records the n_max of each ask."""
+
+    def __init__(self) -> None:
+        super().__init__([2, 2, 2], "head", cost=0.1)
+        self.n_max_seen: list[int] = []
+
+    def _draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        self.n_max_seen += [r.n_max for r in requests]
+        return super()._draft(requests)
+
+
+def test_a_revisit_the_ledger_alone_called_for_asks_the_whole_length_worth_drafting() -> None:
+    """Its worth may be in long drafts (a draft model's), which one token cannot show: where
+    its rates say a three-token draft pays, its revisits ask for three."""
+    head = Recorded()
+    context = [0]
+    for _ in range(LEAST + 2 * REVISIT):
+        (d,) = head.draft([DraftRequest(0, list(context), 3, cost=[1.0, 1.2, 1.3, 1.4])])
+        head.accept(0, 0)
+        context.append(1)
+    assert not head.worth.paying
+    assert LEAST < len(head.n_max_seen) < LEAST + 3 and set(head.n_max_seen) == {3}
