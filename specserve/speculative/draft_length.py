@@ -26,9 +26,9 @@
    once). Where its drafts come in several tiers (a head's confidence classes), ask(k) is
    the mean over its tiers of the draft each would be cut to (`DraftWorth._by_tier`).
    It is not asked where no length is worth MIN_GAIN, nor where its recent asks saved
-   less than MIN_GAIN's margin whatever its rates promise (ledger.py), but a few times
-   while its rates are unknown (EXPLORE) and now and then after (REVISIT), so that they
-   follow the text. What it drafts is then cut to the length worth the most to verify, drafting
+   less than nothing whatever its rates promise (ledger.py), but a few times while its
+   rates are unknown (EXPLORE) and now and then after (REVISIT), so that they follow the
+   text. What it drafts is then cut to the length worth the most to verify, drafting
    being paid by then, or dropped where no length is worth MIN_GAIN. A drafter that drafts
    for free (a lookup) is asked for n_max.
 
@@ -260,19 +260,12 @@ class DraftWorth:
         if req.slot in self._revisits:  # a chain's (may_ask)
             self._revisits.discard(req.slot)
             return worth or 1
-        if worth and self.paying:
+        if worth and self.ledger.paying:
             return worth
         if best and self._untried():
             self.explored += 1
             return 1
         return (worth or 1) if best and self._revisit_due() else None
-
-    @property
-    def paying(self) -> bool:
-        """Whether the drafter's recent asks saved what MIN_GAIN asks of a draft (ledger.py):
-        a step with a draft costs a little outside what the ledger counts, as it does
-        outside the forward."""
-        return self.ledger.paying(MIN_GAIN - 1)
 
     def _untried(self) -> bool:
         """Whether the drafter's rates are still its prior's (EXPLORE); counted in asks, as
@@ -285,7 +278,7 @@ class DraftWorth:
         it could do better, while its rates are unknown (EXPLORE: judged by the prior alone,
         the 0.5B draft went unasked for the 1.5B's first steps after the head's first draft
         missed), and now and then where it could not (REVISIT)."""
-        if self.paying and self.best_value(req) > beat:
+        if self.ledger.paying and self.best_value(req) > beat:
             return True
         if req.n_max > 0 and self._untried():
             return True

@@ -16,8 +16,8 @@ An ask after a pause is charged the drafter's steady price instead (draft_length
 charged its catch-up over the tokens since, a revisit costs more than an ask in a row,
 and would keep a stopped drafter stopped.
 
-Where the asks saved less than a small margin on average (a moving average over about
-the last SPAN asks, LEAST at least), the drafter is asked only to revisit (REVISIT), for
+Where the asks saved less than nothing on average (a moving average over about the last
+SPAN asks, LEAST at least), the drafter is asked only to revisit (REVISIT), for
 as long a draft as its rates say is worth it; the revisits move the average, so it comes
 back where the text changes. By its rates alone the 1.5B's head promised more on prose
 than it kept, and the chain ran slower with it than without (docs/perf/2026-11-29-ask-
@@ -29,13 +29,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # the average is a plain mean of the first SPAN asks, then moves 1/SPAN of the way to each
-# new one: a few dozen steps of an answer, and a handful of revisits to come back
-SPAN = 16
+# new one: longer than a hard stretch of an answer, short enough that revisits bring a
+# drafter back within an answer
+SPAN = 32
 # an average over fewer asks than this does not stop a drafter: one ask saves several
 # tokens or costs a fraction of a step, so a few misses say little: judged after eight, a
 # draft model was at times stopped on code before its long drafts showed
 # (docs/perf/2026-11-30-ask-ledger.md)
-LEAST = SPAN
+LEAST = 16
 
 
 @dataclass
@@ -84,7 +85,9 @@ class AskLedger:
         """The slot starts another sequence: its open ask is its last one's, settled."""
         self.settle(slot, None)
 
-    def paying(self, margin: float) -> bool:
-        """Whether the recent asks saved `margin` steps or more on average (or are too few
-        to say)."""
-        return self.asks < LEAST or self.mean >= margin
+    @property
+    def paying(self) -> bool:
+        """Whether the recent asks saved at least nothing on average (or are too few to
+        say). Not MIN_GAIN's margin, as the rates ask: a head whose asks paid on average
+        was stopped in the hard stretches of an answer, and missed the easy ones after."""
+        return self.asks < LEAST or self.mean >= 0
