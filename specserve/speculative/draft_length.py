@@ -79,6 +79,10 @@ PRICE_KEEP = 16
 # kept 80 % on C, was judged by 38 % and no longer asked (docs/perf/2026-11-28-eagle3-unsure.md)
 YIELD_KEEP = 32
 YIELD_PRIOR = 2
+# an ask that took more than STALLED times the drafter's steady price was held up (the VM
+# stalled), not dear: one such ask, charged in full to the ledger, stopped the 0.5B draft
+# model on the 1.5B's Java answer (docs/perf/2026-11-30-ask-ledger.md)
+STALLED = 2.0
 
 
 class DraftBudget:
@@ -139,7 +143,8 @@ class DraftWorth:
         at that, a drafter once declined looked dearer at each revisit and was never asked
         again (the 0.5B draft on the 1.5B's prose: 0.9 of a step a token, against 0.4).
         The ledger takes each ask at what it cost, or after a pause at the steady price,
-        for the same reason (asks whose rows are unpriced, cost None, it does not judge)."""
+        for the same reason, and at most STALLED times that (asks whose rows are unpriced,
+        cost None, it does not judge)."""
         steady = all(self._steady(r) for r in asked)
         for r in asked:
             self._asked[r.slot] = (len(r.tokens), r.n_max)
@@ -148,6 +153,7 @@ class DraftWorth:
         price = seconds / sum(run) / unit if unit and sum(run) > 0 and seconds > 0 else None
         if steady and price is not None:
             self._prices.append(price)
+            price = min(price, STALLED * self.draft_cost)
         else:
             price = self.draft_cost
         for r, positions in zip(asked, run, strict=True):

@@ -17,11 +17,11 @@ charged its catch-up over the tokens since, a revisit costs more than an ask in 
 and would keep a stopped drafter stopped.
 
 Where the asks saved less than nothing on average (a moving average over about the last
-SPAN asks, LEAST at least), the drafter is asked only to revisit (REVISIT), for
-as long a draft as its rates say is worth it; the revisits move the average, so it comes
-back where the text changes. By its rates alone the 1.5B's head promised more on prose
-than it kept, and the chain ran slower with it than without (docs/perf/2026-11-29-ask-
-and-rows.md, docs/perf/2026-11-30-ask-ledger.md).
+SPAN asks, LEAST at least), the drafter is asked only to revisit (REVISIT), for as long a
+draft as its rates say is worth it; the revisits move the average, so it comes back where
+the text changes. By its rates alone the 1.5B's head promised more on prose than it kept,
+and the 0.5B draft model's asks there lost more than they kept
+(docs/perf/2026-11-29-ask-and-rows.md, docs/perf/2026-11-30-ask-ledger.md).
 """
 
 from __future__ import annotations
