@@ -47,6 +47,9 @@ CONTESTED = 2 << 20
 
 
 class ChainSpeculator(Speculator):
+    """Drafts nothing itself, so costs nothing itself (relative_cost 0): its children's
+    asks are priced and settled in their ledgers, never the chain's."""
+
     name = "chain"
 
     def __init__(self, children: Sequence[Speculator]) -> None:
@@ -56,10 +59,6 @@ class ChainSpeculator(Speculator):
         # cheap drafters first, so costly ones are asked only where they can still win
         self.children = sorted(children, key=lambda s: s.relative_cost)
         self._chosen: dict[int, Speculator] = {}
-
-    @property
-    def relative_cost(self) -> float:  # type: ignore[override]
-        return max(s.relative_cost for s in self.children)
 
     def _ask(self, req: DraftRequest) -> DraftRequest | None:
         return req if self.serves(req.types) else None  # each child decides for itself
