@@ -150,7 +150,8 @@ class DraftWorth:
             self._asked[r.slot] = (len(r.tokens), r.n_max)
         unit = asked[0].step_seconds if asked else None
         run = [min(r.n_max, len(d) + 1) for r, d in zip(asked, made, strict=True)]
-        price = seconds / sum(run) / unit if unit and sum(run) > 0 and seconds > 0 else None
+        total = sum(run)
+        price = seconds / total / unit if unit and total > 0 and seconds > 0 else None
         if steady and price is not None:
             self._prices.append(price)
             price = min(price, STALLED * self.draft_cost)
