@@ -63,6 +63,9 @@ class ModelRunner:
         self._verified: dict[int, tuple[int, list[int]]] = {}
         # slot -> (first position, final hidden rows [n, D]) not yet taken (see take_hidden)
         self.record_hidden = False
+        # the layers whose inputs it keeps (tap_layers); set on the model at each forward,
+        # as engines built over one loaded model in turn (a benchmark's) must not inherit them
+        self.taps: tuple[int, ...] = ()
         self._hidden: dict[int, tuple[int, torch.Tensor]] = {}
         self._logits: torch.Tensor | None = None  # the reused logits buffer (reuse_logits)
         if self.memory.recurrent is not None and self.policy.depth:
@@ -102,9 +105,10 @@ class ModelRunner:
         )
         flat = [t for w in work for t in w.tokens]
         tokens = torch.tensor(flat, dtype=torch.long, device=self.device)
+        self.model.taps = self.taps
         hidden = self.model(tokens, batch, self.memory.cache)
         if self.record_hidden:
-            tapped = self.model.tapped if self.model.taps else None
+            tapped = self.model.tapped if self.taps else None
             self._log_hidden(batch, hidden if tapped is None else tapped)
         rows = [
             r
@@ -222,9 +226,9 @@ class ModelRunner:
         n = self.model.cfg.num_layers
         if not layers or any(not 0 <= i < n for i in layers):
             raise SpecserveError(f"layers to tap {list(layers)}: the model has layers 0..{n - 1}")
-        if self.record_hidden and self.model.taps != layers:
+        if self.record_hidden and self.taps != layers:
             raise SpecserveError("the runner already hands its hidden states to another head")
-        self.model.taps = tuple(layers)
+        self.taps = tuple(layers)
         self.record_hidden = True
         self._hidden.clear()
 
@@ -235,7 +239,7 @@ class ModelRunner:
         return p, rows
 
     def _no_hidden(self) -> torch.Tensor:
-        width = self.model.cfg.hidden_size * max(1, len(self.model.taps))
+        width = self.model.cfg.hidden_size * max(1, len(self.taps))
         return torch.zeros(0, width, dtype=self.dtype, device=self.device)
 
     def _log_hidden(self, batch: FlatBatch, hidden: torch.Tensor) -> None:

@@ -157,6 +157,23 @@ def test_eagle3_and_mtp_together_are_refused(bigram) -> None:  # noqa: ANN001
         build_speculator(["eagle3"], target=runner)
 
 
+def test_runners_over_one_model_keep_their_own_taps(bigram) -> None:  # noqa: ANN001
+    """A benchmark builds engines over one loaded model in turn: one without a head must
+    not go on tapping (nor hand an MTP head the taps) after one with a head."""
+    prompt = _prompts()[0]
+    with_head = ModelRunner(bigram, num_slots=1, max_len=CTX)
+    build_speculator(["eagle3"], target=with_head, eagle3_head=random_head(bigram.cfg))
+    plain, final = (ModelRunner(bigram, num_slots=1, max_len=CTX) for _ in range(2))
+    final.record_hidden = True  # as an MTP head asks
+    width = bigram.cfg.hidden_size
+    for runner, taps in ((with_head, 3), (plain, 0), (final, 0), (with_head, 3)):
+        runner.prefill(0, prompt)
+        assert (bigram.tapped is not None) == (taps > 0)
+        if runner.record_hidden:
+            _, rows = runner.take_hidden(0)
+            assert rows.shape == (len(prompt), width * max(1, taps))
+
+
 def test_engine_settings_load_the_head_named_by_draft_model(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
     """`--spec-type eagle3 --draft-model HEAD` as llama.cpp's -md; by default the model's
     own head, `<model>-eagle3` in the cache."""
