@@ -133,6 +133,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "run-to-run spread is +-10%%: use 3 where a target is within that)",
     )
     p.add_argument(
+        "--warm-rounds",
+        type=int,
+        default=1,
+        help="untimed rounds of every configuration before the timed ones, per workload: "
+        "the first runs after a load or a new prompt go at another pace (0: none)",
+    )
+    p.add_argument(
         "--versus",
         default=None,
         metavar="CONFIG",
@@ -277,7 +284,7 @@ def main(args: argparse.Namespace) -> None:
         for workload in args.workloads:
             ref = session.reference(model, workload)
             configs = configs_for(model, args)
-            runs = rounds(session, model, workload, configs, ref, args.repeats)
+            runs = rounds(session, model, workload, configs, ref, args.repeats, args.warm_rounds)
             if workload in GRAMMARS:
                 print(compile_line(session, model, GRAMMARS[workload]), flush=True)
             base = runs.get(args.versus) if args.versus else None
@@ -312,15 +319,25 @@ def own_heads(args: argparse.Namespace) -> None:
 
 
 def rounds(
-    session: Session, model: str, workload: str, configs: list[str], ref: Run, repeats: int
+    session: Session,
+    model: str,
+    workload: str,
+    configs: list[str],
+    ref: Run,
+    repeats: int,
+    warm: int = 0,
 ) -> dict[str, list[Run]]:
     """Each configuration's runs, in rounds of every configuration in turn, odd ones
     reversed, so slow spells on a shared machine hit all of them alike; ratios are taken
-    within a round. The first round's `none` is the reference run."""
+    within a round. The first round's `none` is the reference run. `warm` untimed rounds
+    of the speculating configurations go first, as the first runs of a configuration went
+    at another pace than the rest (docs/perf/2026-11-30-ask-ledger.md)."""
     runs: dict[str, list[Run]] = {c: [] for c in configs}
     prompt = session.prompt(model, workload)
     predicted = session.prediction(model, workload)
-    for i, config in enumerate(interleaved(configs, repeats)):
+    warming = interleaved([c for c in configs if c != NONE], warm)
+    for i, config in enumerate([*warming, *interleaved(configs, repeats)]):
+        timed = i >= len(warming)
         run = (
             session.generate(
                 model,
@@ -330,11 +347,12 @@ def rounds(
                 grammar=GRAMMARS.get(workload),
                 learned=ref.tokens if config.startswith(SHARED) else None,
             )
-            if i > 0
+            if i != len(warming)
             else ref
         )
-        runs[config].append(run)
-        print(progress_line(model, workload, config, run), flush=True)
+        if timed:
+            runs[config].append(run)
+        print(progress_line(model, workload, config, run, timed), flush=True)
     return runs
 
 
@@ -352,8 +370,8 @@ def compile_line(session: Session, model: str, grammar: Grammar) -> str:
     return f"[{model}] {grammar.kind} grammar compiles in {statistics.median(times) * 1e3:.2f} ms"
 
 
-def progress_line(model: str, workload: str, config: str, run: Run) -> str:
+def progress_line(model: str, workload: str, config: str, run: Run, timed: bool = True) -> str:
     return (
         f"[{model} {workload} {config}] {len(run.tokens)} tokens, {run.tok_s:.2f} tok/s, "
-        f"{run.drafts} drafts"
+        f"{run.drafts} drafts" + ("" if timed else " (warm-up, not counted)")
     )

@@ -99,6 +99,13 @@ def test_rounds_alternate_their_order_and_reuse_the_reference() -> None:
     assert runs["none"][0] is ref and [len(r) for r in runs.values()] == [3, 3, 3]
 
 
+def test_warm_rounds_go_first_and_are_not_counted() -> None:
+    session, ref = _Rounds(), _runs(1.0)[0]
+    runs = rounds(session, "m", "w", ["none", "a", "b"], ref, 2, warm=2)  # type: ignore[arg-type]
+    assert session.order == ["a", "b", "b", "a", "a", "b", "b", "a", "none"]
+    assert runs["none"][0] is ref and [len(r) for r in runs.values()] == [2, 2, 2]
+
+
 def test_versus_must_be_a_benchmarked_configuration() -> None:
     args = build_parser().parse_args(["bench", "spec", "--spec-types", "suffix", "--versus", "x"])
     with pytest.raises(SpecserveError, match="--versus x"):
