@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -137,7 +138,15 @@ def add_args(p: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         help="untimed rounds of every configuration before the timed ones, per workload: "
-        "the first runs after a load or a new prompt go at another pace (0: none)",
+        "the first runs after a load or a new prompt go at another pace (0: none, and the "
+        "reference run counts as the first round's `none`)",
+    )
+    p.add_argument(
+        "--warm-seconds",
+        type=float,
+        default=60.0,
+        help="and more of them until this long has passed since a model was last loaded: "
+        "this machine decoded up to 1.6x faster for the first half minute or so",
     )
     p.add_argument(
         "--versus",
@@ -163,6 +172,7 @@ class Session:
         self.args = args
         self.loaded: dict[str, LoadedModel] = {}
         self.plain: dict[tuple[str, str], Run] = {}  # (model, workload) -> no-spec run
+        self._loaded_at = time.monotonic()
 
     def load(self, name: str, draft: bool = False) -> LoadedModel:
         """A model as a target, or as a draft (on --draft-weights)."""
@@ -174,6 +184,7 @@ class Session:
         key = name if weights == a.weights else f"{name} as a draft"
         if key not in self.loaded:
             self.loaded[key] = load_model(name, a.dtype, progress=True, weights=weights)
+            self._loaded_at = time.monotonic()
             if key == name:
                 self._warm_up(name)
         return self.loaded[key]
@@ -182,6 +193,10 @@ class Session:
         """One short generation, so the first timed run pays no one-time costs."""
         tok = self.tokenizer(name)
         self.generate(name, NONE, tok.chat([{"role": "user", "content": "Hi"}]), max_tokens=4)
+
+    def since_load(self) -> float:
+        """Seconds since a model was last loaded."""
+        return time.monotonic() - self._loaded_at
 
     def prompt(self, model: str, workload: str) -> list[int]:
         """The workload's prompt ids; a rewrite quotes the model's own turn-1 answer."""
@@ -284,7 +299,8 @@ def main(args: argparse.Namespace) -> None:
         for workload in args.workloads:
             ref = session.reference(model, workload)
             configs = configs_for(model, args)
-            runs = rounds(session, model, workload, configs, ref, args.repeats, args.warm_rounds)
+            warm = Warm(args.warm_rounds, args.warm_seconds)
+            runs = rounds(session, model, workload, configs, ref, args.repeats, warm)
             if workload in GRAMMARS:
                 print(compile_line(session, model, GRAMMARS[workload]), flush=True)
             base = runs.get(args.versus) if args.versus else None
@@ -318,6 +334,15 @@ def own_heads(args: argparse.Namespace) -> None:
         train_head.train_own_head(model, args.head_minutes)
 
 
+@dataclass(frozen=True)
+class Warm:
+    """Untimed rounds before the timed ones: at least `rounds`, and more until `seconds`
+    have passed since a model was last loaded."""
+
+    rounds: int = 0
+    seconds: float = 0.0
+
+
 def rounds(
     session: Session,
     model: str,
@@ -325,34 +350,42 @@ def rounds(
     configs: list[str],
     ref: Run,
     repeats: int,
-    warm: int = 0,
+    warm: Warm = Warm(),
 ) -> dict[str, list[Run]]:
     """Each configuration's runs, in rounds of every configuration in turn, odd ones
     reversed, so slow spells on a shared machine hit all of them alike; ratios are taken
-    within a round. The first round's `none` is the reference run. `warm` untimed rounds
-    of the speculating configurations go first, as the first runs of a configuration went
-    at another pace than the rest (docs/perf/2026-11-30-ask-ledger.md)."""
+    within a round. Untimed rounds go first (`warm`), as the first runs after a load or a
+    new prompt went at another pace than the rest (docs/perf/2026-11-30-warm-rounds.md):
+    the reference run warms `none`, those rounds the others. Without them, the first
+    round's `none` is the reference run."""
     runs: dict[str, list[Run]] = {c: [] for c in configs}
     prompt = session.prompt(model, workload)
     predicted = session.prediction(model, workload)
-    warming = interleaved([c for c in configs if c != NONE], warm)
-    for i, config in enumerate([*warming, *interleaved(configs, repeats)]):
-        timed = i >= len(warming)
-        run = (
-            session.generate(
-                model,
-                config,
-                prompt,
-                prediction=predicted,
-                grammar=GRAMMARS.get(workload),
-                learned=ref.tokens if config.startswith(SHARED) else None,
-            )
-            if i != len(warming)
-            else ref
+
+    def run(config: str, timed: bool) -> Run:
+        out = session.generate(
+            model,
+            config,
+            prompt,
+            prediction=predicted,
+            grammar=GRAMMARS.get(workload),
+            learned=ref.tokens if config.startswith(SHARED) else None,
         )
-        if timed:
-            runs[config].append(run)
-        print(progress_line(model, workload, config, run, timed), flush=True)
+        print(progress_line(model, workload, config, out, timed), flush=True)
+        return out
+
+    speculating = [c for c in configs if c != NONE]
+    warmed = 0
+    while speculating and (warmed < warm.rounds or session.since_load() < warm.seconds):
+        for config in speculating if warmed % 2 == 0 else speculating[::-1]:
+            run(config, timed=False)
+        warmed += 1
+    for i, config in enumerate(interleaved(configs, repeats)):
+        if i == 0 and config == NONE and not warmed:
+            runs[config].append(ref)
+            print(progress_line(model, workload, config, ref), flush=True)
+        else:
+            runs[config].append(run(config, timed=True))
     return runs
 
 

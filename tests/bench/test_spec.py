@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from specserve.bench.spec import CONFIGS, configs_for, main, own_heads, rounds
+from specserve.bench.spec import CONFIGS, Warm, configs_for, main, own_heads, rounds
 from specserve.bench.spec_report import Run, first_difference, histogram, make_row, paired
 from specserve.cli import build_parser
 from specserve.errors import SpecserveError
@@ -80,6 +80,7 @@ class _Rounds:
 
     def __init__(self) -> None:
         self.order: list[str] = []
+        self.clock = 0.0  # seconds since the load: each run takes 10
 
     def prompt(self, model: str, workload: str) -> list[int]:
         return [0]
@@ -89,7 +90,11 @@ class _Rounds:
 
     def generate(self, model: str, config: str, prompt: list[int], **_: object) -> Run:
         self.order.append(config)
+        self.clock += 10.0
         return _runs(1.0)[0]
+
+    def since_load(self) -> float:
+        return self.clock
 
 
 def test_rounds_alternate_their_order_and_reuse_the_reference() -> None:
@@ -99,11 +104,19 @@ def test_rounds_alternate_their_order_and_reuse_the_reference() -> None:
     assert runs["none"][0] is ref and [len(r) for r in runs.values()] == [3, 3, 3]
 
 
-def test_warm_rounds_go_first_and_are_not_counted() -> None:
+@pytest.mark.parametrize(
+    ("warm", "warmed"), [(Warm(rounds=2), 2), (Warm(rounds=1, seconds=45), 3), (Warm(0, 5), 1)]
+)
+def test_warm_rounds_go_first_and_are_not_counted(warm: Warm, warmed: int) -> None:
+    """At least `rounds` of them, and more until `seconds` have passed since the load."""
     session, ref = _Rounds(), _runs(1.0)[0]
-    runs = rounds(session, "m", "w", ["none", "a", "b"], ref, 2, warm=2)  # type: ignore[arg-type]
-    assert session.order == ["a", "b", "b", "a", "a", "b", "b", "a", "none"]
-    assert runs["none"][0] is ref and [len(r) for r in runs.values()] == [2, 2, 2]
+    runs = rounds(session, "m", "w", ["none", "a", "b"], ref, 2, warm)  # type: ignore[arg-type]
+    first = (["a", "b"], ["b", "a"])
+    assert session.order == [
+        *(c for i in range(warmed) for c in first[i % 2]),
+        *["none", "a", "b", "b", "a", "none"],
+    ]
+    assert runs["none"][0] is not ref and [len(r) for r in runs.values()] == [2, 2, 2]
 
 
 def test_versus_must_be_a_benchmarked_configuration() -> None:
