@@ -51,7 +51,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specserve.bench.report import Column, format_table, interleaved
-from specserve.bench.spec_report import COLUMNS, NONE, Run, make_row, write_outputs
+from specserve.bench.spec_report import (
+    COLUMNS,
+    NONE,
+    Run,
+    ledgers,
+    make_row,
+    progress_line,
+    write_outputs,
+)
 from specserve.bench.spec_workloads import (
     GRAMMARS,
     WORKLOADS,
@@ -275,7 +283,7 @@ class Session:
         seconds = time.perf_counter() - t0
         tok_s = float(req.timings.as_dict()["predicted_per_second"])
         stats = engine.speculator.stats.as_dict() if engine.speculator else None
-        return Run(list(req.output), tok_s, seconds, stats)
+        return Run(list(req.output), tok_s, seconds, stats, ledgers(engine.speculator))
 
 
 def configs_for(model: str, args: argparse.Namespace) -> list[str]:
@@ -401,10 +409,3 @@ def compile_line(session: Session, model: str, grammar: Grammar) -> str:
         build_constraint(tok, vocab, grammar)
         times.append(time.perf_counter() - t0)
     return f"[{model}] {grammar.kind} grammar compiles in {statistics.median(times) * 1e3:.2f} ms"
-
-
-def progress_line(model: str, workload: str, config: str, run: Run, timed: bool = True) -> str:
-    return (
-        f"[{model} {workload} {config}] {len(run.tokens)} tokens, {run.tok_s:.2f} tok/s, "
-        f"{run.drafts} drafts" + ("" if timed else " (warm-up, not counted)")
-    )

@@ -7,10 +7,13 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specserve.bench.report import Column, write_json
 from specserve.errors import SpecserveError
+
+if TYPE_CHECKING:
+    from specserve.speculative.base import Speculator
 
 NONE = "none"
 
@@ -36,6 +39,7 @@ class Run:
     tok_s: float
     seconds: float
     stats: dict[str, Any] | None
+    ledgers: str = ""  # what each costly drafter's asks saved (ledger.py)
 
     @property
     def drafts(self) -> int:
@@ -150,3 +154,19 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def ledgers(spec: Speculator | None) -> str:
+    """Each costly drafter's ledger (speculative/ledger.py), a chain's children's too."""
+    children = getattr(spec, "children", [spec] if spec else [])
+    costly = [c for c in children if c.relative_cost > 0]
+    return "; ".join(f"{c.name}: {c.worth.ledger.summary()}" for c in costly)
+
+
+def progress_line(model: str, workload: str, config: str, run: Run, timed: bool = True) -> str:
+    return (
+        f"[{model} {workload} {config}] {len(run.tokens)} tokens, {run.tok_s:.2f} tok/s, "
+        f"{run.drafts} drafts"
+        + ("" if timed else " (warm-up, not counted)")
+        + (f" [{run.ledgers}]" if run.ledgers else "")
+    )

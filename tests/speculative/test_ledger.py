@@ -48,6 +48,10 @@ def test_the_average_stops_a_drafter_only_over_enough_asks_and_then_follows_the_
         book.settle(0, kept=1)
         wins += 1
     assert 1 < wins <= 4  # a moving average: the long run of misses does not hold it down
+    assert book.stops == 1  # it turned below zero once, and back
+    total = -0.1 * (LEAST + 4 * SPAN) + (1 - 0.1 - 0.1) * wins
+    assert book.saved == pytest.approx(total)
+    assert book.summary() == f"{book.asks} asks saved {total:+.1f} steps, stopped 1x"
 
 
 class Promising(Fixed):
@@ -156,3 +160,14 @@ def test_a_revisit_the_ledger_alone_called_for_asks_the_whole_length_worth_draft
         context.append(1)
     assert not head.worth.ledger.paying
     assert LEAST < len(head.n_max_seen) < LEAST + 3 and set(head.n_max_seen) == {3}
+
+
+def test_a_benchmark_reports_the_ledgers_of_the_costly_drafters_alone() -> None:
+    from specserve.bench.spec_report import ledgers
+
+    head, lookup = Fixed([2], "head", cost=0.1), Fixed([3], "lookup")
+    head.worth.ledger.asked(0, paid=0.5)
+    head.worth.ledger.settle(0, None)
+    want = "head: 1 asks saved -0.5 steps, stopped 0x"
+    assert ledgers(ChainSpeculator([lookup, head])) == want
+    assert ledgers(head) == want and ledgers(lookup) == "" and ledgers(None) == ""
