@@ -154,7 +154,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
         type=float,
         default=60.0,
         help="and more of them until this long has passed since a model was last loaded: "
-        "this machine decoded up to 1.6x faster for the first half minute or so",
+        "a VM decodes faster for a while after a load (docs/perf/bench.md)",
     )
     p.add_argument(
         "--versus",
