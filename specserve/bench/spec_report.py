@@ -158,7 +158,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 def ledgers(spec: Speculator | None) -> str:
     """Each costly drafter's ledger (speculative/ledger.py), a chain's children's too."""
-    children = getattr(spec, "children", [spec] if spec else [])
+    from specserve.speculative.chain import ChainSpeculator
+
+    children = spec.children if isinstance(spec, ChainSpeculator) else [spec] if spec else []
     costly = [c for c in children if c.relative_cost > 0]
     return "; ".join(f"{c.name}: {c.worth.ledger.summary()}" for c in costly)
 
