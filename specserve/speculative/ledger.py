@@ -16,8 +16,8 @@ An ask after a pause is charged the drafter's steady price instead (draft_length
 charged its catch-up over the tokens since, a revisit costs more than an ask in a row,
 and would keep a stopped drafter stopped.
 
-Where the asks saved less than nothing on average (a moving average over about the last
-SPAN asks, LEAST at least), the drafter is asked only to revisit (REVISIT), for as long a
+Where the asks clearly lost on average (a moving average over about the last SPAN asks,
+LEAST at least, below STOP_BELOW), the drafter is asked only to revisit (REVISIT), for as long a
 draft as its rates say is worth it; the revisits move the average, so it comes back where
 the text changes. By its rates alone the 1.5B's head promised more on prose than it kept,
 and the 0.5B draft model's asks there lost more than they kept
@@ -37,6 +37,11 @@ SPAN = 32
 # draft model was at times stopped on code before its long drafts showed
 # (docs/perf/2026-11-30-ask-ledger.md)
 LEAST = 16
+# the average must fall this far below zero to stop a drafter: stopping one about even
+# saves nothing, and over SPAN asks of a few tokens or nothing each such a mean is noise;
+# stopped at zero, the 1.5B's draft model was stopped on Java when about even, and the
+# answer slowed (docs/perf/2026-11-30-warm-rounds.md)
+STOP_BELOW = -0.1
 
 
 @dataclass
@@ -96,7 +101,8 @@ class AskLedger:
 
     @property
     def paying(self) -> bool:
-        """Whether the recent asks saved at least nothing on average (or are too few to
-        say). Not MIN_GAIN's margin, as the rates ask: a head whose asks paid on average
-        was stopped in the hard stretches of an answer, and missed the easy ones after."""
-        return self.asks < LEAST or self.mean >= 0
+        """Whether the recent asks did not clearly lose on average (or are too few to say).
+        A margin under zero, not MIN_GAIN's over it, as the rates ask: a head whose asks
+        paid on average was stopped in the hard stretches of an answer, and missed the
+        easy ones after."""
+        return self.asks < LEAST or self.mean >= STOP_BELOW
