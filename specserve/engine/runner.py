@@ -22,6 +22,7 @@ from specserve.engine.rollback import RollbackPolicy
 from specserve.errors import SpecserveError
 from specserve.models.layers.embedding import rows_dtype_device
 from specserve.models.layers.lowbit import writes_into
+from specserve.models.layers.taps import Taps
 from specserve.models.registry import LanguageModel
 
 __all__ = ["ModelRunner", "SavedSlot", "SlotInput"]
@@ -63,8 +64,8 @@ class ModelRunner:
         self._verified: dict[int, tuple[int, list[int]]] = {}
         # slot -> (first position, final hidden rows [n, D]) not yet taken (see take_hidden)
         self.record_hidden = False
-        # the layers whose inputs it keeps (tap_layers); set on the model at each forward,
-        # as engines built over one loaded model in turn (a benchmark's) must not inherit them
+        # the layers whose inputs it keeps (tap_layers), handed to each forward: the runner's,
+        # as engines built over one loaded model in turn (a benchmark's) must not share them
         self.taps: tuple[int, ...] = ()
         self._hidden: dict[int, tuple[int, torch.Tensor]] = {}
         self._logits: torch.Tensor | None = None  # the reused logits buffer (reuse_logits)
@@ -105,11 +106,10 @@ class ModelRunner:
         )
         flat = [t for w in work for t in w.tokens]
         tokens = torch.tensor(flat, dtype=torch.long, device=self.device)
-        self.model.taps = self.taps
-        hidden = self.model(tokens, batch, self.memory.cache)
+        taps = Taps(self.taps) if self.taps else None
+        hidden = self.model(tokens, batch, self.memory.cache, taps=taps)
         if self.record_hidden:
-            tapped = self.model.tapped if self.taps else None
-            self._log_hidden(batch, hidden if tapped is None else tapped)
+            self._log_hidden(batch, hidden if taps is None else taps.out)
         rows = [
             r
             for w, end in zip(work, batch.cu_seqlens[1:], strict=True)

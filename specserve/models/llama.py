@@ -75,10 +75,6 @@ class DenseTransformer(nn.Module):
             attn.rope = ropes.setdefault((attn.rope.theta, attn.rope.scale), attn.rope)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        # layers whose input (the residual stream) each forward also leaves in `tapped`
-        # [T, len(taps) * hidden], for an EAGLE-3 head (models/eagle3.py)
-        self.taps: tuple[int, ...] = ()
-        self.tapped: torch.Tensor | None = None
 
     def tie_weights(self) -> None:
         if not isinstance(self.embed, nn.Embedding):
@@ -92,18 +88,21 @@ class DenseTransformer(nn.Module):
             cfg.num_layers, num_slots, max_len, cfg.num_kv_heads, cfg.head_dim, dtype, device
         )
 
-    def forward(self, tokens: torch.Tensor, batch: FlatBatch, cache: KVCache) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, batch: FlatBatch, cache: KVCache, taps: Taps | None = None
+    ) -> torch.Tensor:
+        """The final normed hidden states [T, D]; with `taps`, the tapped layers' inputs
+        written into them as the forward passes (models/layers/taps.py)."""
         cache.check_room(batch)
         x = self.embed(tokens)
         if self.cfg.embed_scale != 1.0:
             # the scale is rounded to the activation dtype first, as transformers does
             x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
         h = None
-        taps = Taps(self.taps, x)
         for i, block in enumerate(self.layers):
-            taps.take(i, x, h)
+            if taps is not None:
+                taps.take(i, x, h)
             x, h = block(x, h, batch, cache)
-        self.tapped = taps.out
         cache.advance(batch)
         return self.norm(x) if h is None else add_norm(x, h, self.norm)[1]
 

@@ -150,9 +150,6 @@ class HybridTransformer(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.mtp = MtpHead(cfg) if cfg.mtp_layers else None
-        # layers whose input each forward also leaves in `tapped` (models/layers/taps.py)
-        self.taps: tuple[int, ...] = ()
-        self.tapped: torch.Tensor | None = None
 
     def tie_weights(self) -> None:
         if not isinstance(self.embed, nn.Embedding):
@@ -183,14 +180,17 @@ class HybridTransformer(nn.Module):
         )
         return HybridCache(kv, RecurrentCache(self.recurrent_shape(), num_slots, dtype, device))
 
-    def forward(self, tokens: torch.Tensor, batch: FlatBatch, cache: HybridCache) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, batch: FlatBatch, cache: HybridCache, taps: Taps | None = None
+    ) -> torch.Tensor:
+        """The final normed hidden states [T, D]; with `taps`, the tapped layers' inputs
+        written into them as the forward passes (models/layers/taps.py)."""
         cache.check_room(batch)
         x = self.embed(tokens)
-        taps = Taps(self.taps, x)
         for i, block in enumerate(self.layers):
-            taps.take(i, x, None)
+            if taps is not None:
+                taps.take(i, x, None)
             x = block(x, batch, cache.kv, cache.recurrent)
-        self.tapped = taps.out
         cache.advance(batch)
         return self.norm(x)
 

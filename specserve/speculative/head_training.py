@@ -33,6 +33,7 @@ from specserve.models.config import ModelConfig
 from specserve.models.eagle3 import Eagle3Config, Eagle3Head, HeadCalibration, default_aux_layers
 from specserve.models.layers.basic import apply_rotary
 from specserve.models.layers.embedding import Embedding
+from specserve.models.layers.taps import Taps
 from specserve.models.registry import LanguageModel
 
 
@@ -113,13 +114,9 @@ def target_rows(
     cache = target.new_cache(1, len(tokens))
     batch = FlatBatch.build([0], [0], [len(tokens)], device)
     ids = torch.tensor(tokens, device=device)
-    taps, target.taps = target.taps, layers
-    try:
-        hidden = target(ids, batch, cache)
-        assert target.tapped is not None  # a forward with taps leaves them
-        aux = target.tapped.float()
-    finally:
-        target.taps = taps
+    taps = Taps(layers)
+    hidden = target(ids, batch, cache, taps=taps)
+    aux = taps.out.float()
     logits = target.logits(hidden)
     rows = TargetRows(ids, aux, logits.argmax(dim=-1), start)
     if top > 0:

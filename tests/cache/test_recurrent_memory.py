@@ -89,11 +89,12 @@ def test_checkpoint_replays_the_kept_tokens_of_all_slots_in_one_forward() -> Non
         runner.prefill(s, p)
     runner.forward([SlotInput(s, d, len(d), verify=True) for s, d in enumerate(drafts)])
     kept = [2, 5, 1]  # partial, whole, partial
-    forwards = []
-    model_forward = runner.model.forward
-    runner.model.forward = lambda *a: forwards.append(1) or model_forward(*a)  # type: ignore[method-assign]
-    runner.commit({s: len(prompts[s]) + kept[s] for s in range(3)})
-    runner.model.forward = model_forward  # type: ignore[method-assign]
+    forwards: list[int] = []
+    hook = runner.model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    try:
+        runner.commit({s: len(prompts[s]) + kept[s] for s in range(3)})
+    finally:
+        hook.remove()  # the model is shared with the other tests
     assert len(forwards) == 1 and runner.policy.counts["replays"] == 1
     for s in range(3):
         got = _next_logits(runner, s, 11)

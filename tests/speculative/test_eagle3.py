@@ -166,12 +166,19 @@ def test_runners_over_one_model_keep_their_own_taps(bigram) -> None:  # noqa: AN
     plain, final = (ModelRunner(bigram, num_slots=1, max_len=CTX) for _ in range(2))
     final.record_hidden = True  # as an MTP head asks
     width = bigram.cfg.hidden_size
-    for runner, taps in ((with_head, 3), (plain, 0), (final, 0), (with_head, 3)):
-        runner.prefill(0, prompt)
-        assert (bigram.tapped is not None) == (taps > 0)
-        if runner.record_hidden:
-            _, rows = runner.take_hidden(0)
-            assert rows.shape == (len(prompt), width * max(1, taps))
+    handed: list[object] = []  # the taps each forward was handed
+    hook = bigram.register_forward_pre_hook(
+        lambda _m, _a, kwargs: handed.append(kwargs.get("taps")), with_kwargs=True
+    )
+    try:
+        for runner, taps in ((with_head, 3), (plain, 0), (final, 0), (with_head, 3)):
+            runner.prefill(0, prompt)
+            assert (handed[-1] is not None) == (taps > 0)
+            if runner.record_hidden:
+                _, rows = runner.take_hidden(0)
+                assert rows.shape == (len(prompt), width * max(1, taps))
+    finally:
+        hook.remove()
 
 
 def test_engine_settings_load_the_head_named_by_draft_model(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
