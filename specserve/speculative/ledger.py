@@ -40,7 +40,7 @@ LEAST = 16
 # the average must fall this far below zero to stop a drafter: stopping one about even
 # saves nothing, and over SPAN asks of a few tokens or nothing each such a mean is noise;
 # stopped at zero, the 1.5B's draft model was stopped on Java when about even, and the
-# answer slowed (docs/perf/2026-11-30-warm-rounds.md)
+# answer slowed (docs/perf/2026-11-30-warm-rounds.md, 2026-11-30-stop-margin.md)
 STOP_BELOW = -0.1
 
 
