@@ -55,6 +55,7 @@ from specserve.bench.spec_report import (
     COLUMNS,
     NONE,
     Run,
+    drafters,
     ledgers,
     make_row,
     progress_line,
@@ -283,7 +284,8 @@ class Session:
         seconds = time.perf_counter() - t0
         tok_s = float(req.timings.as_dict()["predicted_per_second"])
         stats = engine.speculator.stats.as_dict() if engine.speculator else None
-        return Run(list(req.output), tok_s, seconds, stats, ledgers(engine.speculator))
+        drafting = engine.speculator
+        return Run(list(req.output), tok_s, seconds, stats, ledgers(drafting), drafters(drafting))
 
 
 def configs_for(model: str, args: argparse.Namespace) -> list[str]:

@@ -40,6 +40,7 @@ class Run:
     seconds: float
     stats: dict[str, Any] | None
     ledgers: str = ""  # what each costly drafter's asks saved (ledger.py)
+    drafters: str = ""  # a chain's drafts, child by child (`drafters`)
 
     @property
     def drafts(self) -> int:
@@ -165,10 +166,30 @@ def ledgers(spec: Speculator | None) -> str:
     return "; ".join(f"{c.name}: {c.worth.ledger.summary()}" for c in costly)
 
 
+def drafters(spec: Speculator | None) -> str:
+    """A chain's children's verified drafts, those of which nothing was kept, the tokens
+    kept and the time spent drafting: whose drafts a run's misses were, and what asking
+    each cost (a lone speculator's are the run's own)."""
+    from specserve.speculative.chain import ChainSpeculator
+
+    if not isinstance(spec, ChainSpeculator):
+        return ""
+    parts = []
+    for child in spec.children:
+        s = child.stats
+        missed = s.accept_len_hist[0] if s.accept_len_hist else 0
+        parts.append(
+            f"{child.name} {s.drafts_generated} drafts, {missed} missed, "
+            f"{s.tokens_accepted} kept, {1000 * s.draft_seconds:.0f} ms"
+        )
+    return "; ".join(parts)
+
+
 def progress_line(model: str, workload: str, config: str, run: Run, timed: bool = True) -> str:
     return (
         f"[{model} {workload} {config}] {len(run.tokens)} tokens, {run.tok_s:.2f} tok/s, "
         f"{run.drafts} drafts"
+        + (f" ({run.drafters})" if run.drafters else "")
         + ("" if timed else " (warm-up, not counted)")
         + (f" [{run.ledgers}]" if run.ledgers else "")
     )

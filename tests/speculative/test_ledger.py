@@ -186,3 +186,17 @@ def test_a_benchmark_reports_the_ledgers_of_the_costly_drafters_alone() -> None:
     want = "head: 1 asks saved -0.5 steps, stopped 0x"
     assert ledgers(ChainSpeculator([lookup, head])) == want
     assert ledgers(head) == want and ledgers(lookup) == "" and ledgers(None) == ""
+
+
+def test_a_benchmark_reports_a_chains_drafts_child_by_child() -> None:
+    from specserve.bench.spec_report import drafters
+
+    lookup, head = Fixed([3], "lookup"), Fixed([2], "head", cost=0.1)
+    for kept, proposed in ((0, 2), (1, 1), (0, 3)):
+        lookup.stats.record_draft(proposed)
+        lookup.stats.record_accept(kept, proposed)
+    lookup.stats.draft_seconds = 0.004
+    chain = ChainSpeculator([head, lookup])  # cheap first, whatever order they came in
+    want = "lookup 3 drafts, 2 missed, 1 kept, 4 ms; head 0 drafts, 0 missed, 0 kept, 0 ms"
+    assert drafters(chain) == want
+    assert drafters(lookup) == "" and drafters(None) == ""  # a lone one's are the run's
