@@ -283,8 +283,8 @@ class Session:
         engine.generate([req])
         seconds = time.perf_counter() - t0
         tok_s = float(req.timings.as_dict()["predicted_per_second"])
-        stats = engine.speculator.stats.as_dict() if engine.speculator else None
         drafting = engine.speculator
+        stats = drafting.stats.as_dict() if drafting else None
         return Run(list(req.output), tok_s, seconds, stats, ledgers(drafting), drafters(drafting))
 
 

@@ -177,7 +177,7 @@ def drafters(spec: Speculator | None) -> str:
     parts = []
     for child in spec.children:
         s = child.stats
-        missed = s.accept_len_hist[0] if s.accept_len_hist else 0
+        missed = s.drafts_generated - s.drafts_accepted  # nothing kept
         parts.append(
             f"{child.name} {s.drafts_generated} drafts, {missed} missed, "
             f"{s.tokens_accepted} kept, {1000 * s.draft_seconds:.0f} ms"

@@ -17,10 +17,10 @@ charged its catch-up over the tokens since, a revisit costs more than an ask in 
 and would keep a stopped drafter stopped.
 
 Where the asks clearly lost on average (a moving average over about the last SPAN asks,
-LEAST at least, below STOP_BELOW), the drafter is asked only to revisit (REVISIT), for as long a
-draft as its rates say is worth it; the revisits move the average, so it comes back where
-the text changes. By its rates alone the 1.5B's head promised more on prose than it kept,
-and the 0.5B draft model's asks there lost more than they kept
+LEAST at least, below STOP_BELOW), the drafter is asked only to revisit (REVISIT), for as
+long a draft as its rates say is worth it; the revisits move the average, so it comes back
+where the text changes. By its rates alone the 1.5B's head promised more on prose than it
+kept, and the 0.5B draft model's asks there lost more than they kept
 (docs/perf/2026-11-29-ask-and-rows.md, docs/perf/2026-11-30-ask-ledger.md).
 """
 
@@ -60,7 +60,7 @@ class AskLedger:
         self._open: dict[int, _Open] = {}
         self.asks = 0  # settled so far
         self.mean = 0.0  # the steps they saved, on average (the module doc)
-        self.saved = 0.0  # and in all, with how often the average turned below zero
+        self.saved = 0.0  # and in all, with how often the average fell below STOP_BELOW
         self.stops = 0
 
     def asked(self, slot: int, paid: float) -> None:
