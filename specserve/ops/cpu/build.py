@@ -33,6 +33,7 @@ SOURCES = [
     for name in (
         "module.cpp",
         "lowbit.cpp",
+        "lowbit_avx2.cpp",
         "lowbit_vnni.cpp",
         "attention.cpp",
         "attention_avx512.cpp",
