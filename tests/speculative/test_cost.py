@@ -1,8 +1,8 @@
-"""What a draft is worth: measured verify cost, per-slot acceptance, truncation, the chain."""
+"""What a draft is worth: per-slot acceptance, truncation, the chain, whether to ask a costly
+drafter (the verify cost: test_forward_cost.py; an ask's price: test_ask_price.py)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -10,14 +10,12 @@ import pytest
 
 from specserve.speculative.base import Draft, DraftRequest, Speculator
 from specserve.speculative.chain import AGREED, CONTESTED, ChainSpeculator
-from specserve.speculative.cost import HORIZON, KEEP, MIN_SAMPLES, PRIOR_PER_ROW, ForwardCost
+from specserve.speculative.cost import ForwardCost
 from specserve.speculative.draft_length import (
     EXPLORE,
     MIN_GAIN,
-    PRICED,
     REVISIT,
     DraftBudget,
-    DraftWorth,
 )
 from specserve.speculative.rates import ANY
 
@@ -39,95 +37,6 @@ def teach(spec: Speculator, slot: int, n_accepted: int, times: int, n_max: int =
     for _ in range(times):
         (d,) = spec.draft([DraftRequest(slot, [0], n_max)])  # cost None: never cut
         spec.accept(slot, min(n_accepted, len(d)))
-
-
-def measured(cost: ForwardCost, rows: int, seconds: float) -> None:
-    for _ in range(MIN_SAMPLES):
-        cost.record(rows, seconds)
-
-
-def test_docstring_example_interpolates_measured_forwards() -> None:
-    cost = ForwardCost()
-    for rows, ms in ((1, 100), (2, 190), (9, 260)):
-        measured(cost, rows, ms / 1e3)
-    rel = cost.relative(1, 8)
-    assert rel[0] == 1.0
-    assert rel[1] == pytest.approx(1.9)
-    assert rel[4] == pytest.approx(2.2)
-    assert rel[8] == pytest.approx(2.6)
-
-
-def test_beyond_measured_rows_follows_the_prior_and_median_resists_outliers() -> None:
-    cost = ForwardCost()
-    for s in (0.1, 0.1, 5.0):  # one interrupted step
-        cost.record(1, s)
-    assert cost.seconds(1) == pytest.approx(0.1)
-    assert cost.seconds(3) == pytest.approx(0.1 * (1 + 2 * PRIOR_PER_ROW))
-
-
-def test_cost_in_units_of_one_slots_share_with_several_slots() -> None:
-    cost = ForwardCost()
-    measured(cost, 4, 0.4)
-    measured(cost, 6, 0.5)
-    # two extra rows add 0.1 s; one slot's share of the 4-row step is 0.1 s
-    assert cost.relative(4, 2)[2] == pytest.approx(2.0)
-
-
-def test_stale_or_scarce_timings_of_a_row_count_give_way_to_the_prior() -> None:
-    cost = ForwardCost()
-    measured(cost, 5, 0.1)  # a fast spell of the machine, long ago
-    for _ in range(HORIZON):
-        cost.record(4, 0.2)  # the machine slowed down; 4-row steps only
-    # the old 5-row median (0.1) would make an extra row free; the prior holds instead
-    assert cost.relative(4, 1)[1] == pytest.approx(1 + 4 * PRIOR_PER_ROW / (1 + 3 * PRIOR_PER_ROW))
-    for _ in range(MIN_SAMPLES - 1):
-        cost.record(5, 0.3)
-    assert cost.relative(4, 1)[1] == pytest.approx(1 + 4 * PRIOR_PER_ROW / (1 + 3 * PRIOR_PER_ROW))
-    cost.record(5, 0.3)  # measured lately now
-    assert cost.relative(4, 1)[1] == pytest.approx(1 + (0.3 - 0.2) / 0.05)
-
-
-def test_a_drift_of_the_machine_does_not_make_rare_row_counts_look_cheap() -> None:
-    cost = ForwardCost()
-    for _ in range(KEEP):  # a fast spell: 4 rows 0.2 s, a fifth row adds a slot's share
-        cost.record(4, 0.2)
-        cost.record(5, 0.25)
-    assert cost.relative(4, 1)[1] == pytest.approx(2.0)
-    for _ in range(2 * KEEP):  # the machine is 1.5x slower, and only 4-row steps run
-        cost.record(4, 0.3)
-    # the 5-row timings (0.25 s) are older than the 4-row ones (0.3 s); compared as taken,
-    # the fifth row would look free and every draft be verified
-    assert cost.relative(4, 1)[1] == pytest.approx(2.0, rel=0.02)
-    assert cost.seconds(5) == pytest.approx(0.375, rel=0.02)
-
-
-def test_seeded_timings_price_rows_before_serving_and_stay_where_rare() -> None:
-    calls: list[int] = []
-
-    def time_rows(n: int) -> float:
-        calls.append(n)
-        return 1.0 if len(calls) == 1 else (9 + n) / 100  # a cold first forward
-
-    cost = ForwardCost()
-    cost.seed(time_rows, (1, 2, 3, 5, 9))
-    assert calls == [1] + [1, 2, 3, 5, 9] * MIN_SAMPLES  # in turn; the cold one not kept
-    assert cost.relative(1, 8) == pytest.approx([1 + k / 10 for k in range(9)])
-    # a run that verifies a draft in every step times no plain step: the one-row price
-    # still stands on the seeded timings, the common row count's on its own
-    for _ in range(2 * KEEP):
-        cost.record(2, 0.11)
-    assert cost.relative(1, 1) == pytest.approx([1.0, 1.1])
-    assert cost.seconds(1) == pytest.approx(0.10)
-    unmeasured = ForwardCost(measure=False)
-    unmeasured.seed(time_rows)
-    assert len(calls) == 1 + 5 * MIN_SAMPLES  # nothing timed
-
-
-def test_unmeasured_cost_ignores_timings() -> None:
-    cost = ForwardCost(measure=False)
-    cost.record(1, 1.0)
-    cost.record(2, 100.0)
-    assert cost.relative(1, 2) == pytest.approx([1.0, 1 + PRIOR_PER_ROW, 1 + 2 * PRIOR_PER_ROW])
 
 
 def test_rates_are_per_slot_around_the_overall_rate() -> None:
@@ -339,78 +248,6 @@ def test_whether_to_ask_reads_the_slots_drafts_of_every_tier() -> None:
     slot0, slot1 = rates.rates(0, ANY, 1)[0], rates.rates(1, ANY, 1)[0]
     assert 0.4 < slot0 < 0.6 and slot1 < 0.2
     assert rates.rates(1, 2, 1)[0] > 0.8  # a sure draft on slot 1 by its tier's record
-
-
-class Slow(Fixed):
-    """A costly drafter that takes at least `seconds` per ask, whatever its prior says."""
-
-    def __init__(self, tokens: list[int], prior: float, seconds: float) -> None:
-        super().__init__(tokens, "slow", cost=prior)
-        self.seconds = seconds
-
-    def _draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
-        time.sleep(self.seconds)
-        return super()._draft(requests)
-
-
-def test_a_costly_drafter_is_priced_by_its_measured_asks_not_its_prior() -> None:
-    # its prior (0.1 step a token) says a half-kept token pays; each ask really takes at
-    # least 20 plain steps' time, and once PRICED asks show it, it is no longer asked
-    spec = Slow([1], prior=0.1, seconds=0.02)
-    teach(spec, slot=0, n_accepted=1, times=10, n_max=1)  # half its first tokens kept
-    teach(spec, slot=0, n_accepted=0, times=10, n_max=1)
-    asks = [DraftRequest(0, [0], 1, cost=[1.0, 1.1], step_seconds=0.001) for _ in range(3)]
-    assert spec.worth.draft_cost == 0.1  # asks without a measured step leave the prior
-    asked = []
-    for req in asks + asks:
-        before = spec.asked
-        spec.draft([req])
-        spec.accept(0, 0 if spec.asked == before else 1)
-        asked.append(spec.asked - before)
-    assert asked[:PRICED] == [1] * PRICED and asked[PRICED:] == [0] * (6 - PRICED)
-    assert spec.worth.draft_cost >= 20
-
-
-def _priced(worth: DraftWorth, seconds: float, n: int, made: int, unit: float | None) -> None:
-    """One ask on slot 0, its context n tokens long, for 2 tokens; `made` drafted."""
-    worth.priced(seconds, [DraftRequest(0, [0] * n, 2, step_seconds=unit)], [Draft([1] * made)])
-
-
-def test_a_price_counts_every_position_run_and_holds_still_as_the_machine_drifts() -> None:
-    worth = DraftWorth(Fixed([], cost=0.2))
-    _priced(worth, 0.5, n=10, made=0, unit=0.05)  # a first ask: it caught up over the prompt
-    _priced(worth, 0.010, n=11, made=1, unit=0.050)  # a token and one under p_min: 2 runs
-    _priced(worth, 0.020, n=12, made=2, unit=0.100)  # the VM at half speed, ask and step alike
-    assert worth.draft_cost == 0.2  # the prior, until PRICED asks are in
-    _priced(worth, 0.1, n=15, made=0, unit=0.050)  # the step before added 3: its price is 2
-    assert worth.draft_cost == pytest.approx(0.1)  # the median of 0.1, 0.1, 2
-    _priced(worth, 1.0, n=15, made=0, unit=None)  # a step whose forward was not timed
-    assert worth.draft_cost == pytest.approx(0.1)
-
-
-def test_an_ask_after_a_pause_or_in_a_new_sequence_is_not_priced() -> None:
-    # each of these catches up over more than the step before added: priced at that, a
-    # drafter declined once looked dearer at every revisit and was never asked again
-    worth = DraftWorth(Fixed([], cost=0.2))
-    for n in (10, 11, 12):
-        _priced(worth, 0.01, n, made=2, unit=0.05)  # the second and third are steady
-    _priced(worth, 5.0, n=30, made=2, unit=0.05)  # a revisit after 18 tokens
-    worth.forget(0)
-    _priced(worth, 5.0, n=31, made=2, unit=0.05)  # the slot's next sequence
-    assert worth.draft_cost == 0.2  # two asks priced: still the prior
-    _priced(worth, 0.01, n=32, made=2, unit=0.05)
-    assert worth.draft_cost == pytest.approx(0.1)
-
-
-def test_the_budget_sends_the_measured_step_with_the_cost() -> None:
-    cost = ForwardCost()
-    budget = DraftBudget(cost)
-    (ask,) = budget.limit([DraftRequest(0, [0], 2)], base_rows=2)
-    assert ask.step_seconds is None  # nothing timed yet
-    measured(cost, 2, 0.08)
-    (ask,) = budget.limit([DraftRequest(0, [0], 2)], base_rows=2)
-    assert ask.step_seconds == pytest.approx(0.04)  # one slot's share of the 2-row step
-    assert ForwardCost(measure=False).share_seconds(1) is None
 
 
 def test_each_drafter_keeps_its_own_draft_limit() -> None:
