@@ -18,6 +18,7 @@ import torch
 
 from specserve.batch import FlatBatch, SlotInput
 from specserve.cache.memory import Memory, SlotState
+from specserve.engine.hidden_log import HiddenLog
 from specserve.engine.rollback import RollbackPolicy
 from specserve.errors import SpecserveError
 from specserve.models.layers.embedding import rows_dtype_device
@@ -35,7 +36,7 @@ class SavedSlot:
     """A slot's memory and its hidden states not yet taken, detached from the slot."""
 
     memory: SlotState
-    hidden: tuple[int, torch.Tensor] | None  # (first position, rows [n, D])
+    hidden: HiddenLog | None
 
 
 class ModelRunner:
@@ -62,12 +63,12 @@ class ModelRunner:
         self.policy = RollbackPolicy(rollback, depth)
         # slot -> (start, tokens) of its last verification, for checkpoint replay
         self._verified: dict[int, tuple[int, list[int]]] = {}
-        # slot -> (first position, final hidden rows [n, D]) not yet taken (see take_hidden)
+        # slot -> its final hidden rows not yet taken (see take_hidden)
         self.record_hidden = False
         # the layers whose inputs it keeps (tap_layers), handed to each forward: the runner's,
         # as engines built over one loaded model in turn (a benchmark's) must not share them
         self.taps: tuple[int, ...] = ()
-        self._hidden: dict[int, tuple[int, torch.Tensor]] = {}
+        self._hidden: dict[int, HiddenLog] = {}
         self._logits: torch.Tensor | None = None  # the reused logits buffer (reuse_logits)
         if self.memory.recurrent is not None and self.policy.depth:
             self.memory.recurrent.enable_snapshots(self.policy.depth)
@@ -194,18 +195,19 @@ class ModelRunner:
         self.memory.copy_slot(src, dst)
         self._hidden.pop(dst, None)
         if src in self._hidden:
-            self._hidden[dst] = self._hidden[src]  # never written in place: shared safely
+            self._hidden[dst] = self._hidden[src].copy()
 
     def save(self, slot: int) -> SavedSlot:
         """A copy of what `fork` would copy from the slot, detached from it."""
-        return SavedSlot(self.memory.save(slot), self._hidden.get(slot))
+        log = self._hidden.get(slot)
+        return SavedSlot(self.memory.save(slot), None if log is None else log.copy())
 
     def restore(self, slot: int, saved: SavedSlot) -> None:
         """Put a saved slot back, into any slot (whatever it held before)."""
         self.memory.restore(slot, saved.memory)
         self._hidden.pop(slot, None)
         if saved.hidden is not None:
-            self._hidden[slot] = saved.hidden
+            self._hidden[slot] = saved.hidden.copy()  # a saved slot may be restored twice
 
     def free(self, slot: int) -> None:
         """Forget the slot's sequence (memory, pending verification, hidden states)."""
@@ -235,8 +237,10 @@ class ModelRunner:
     def take_hidden(self, slot: int) -> tuple[int, torch.Tensor]:
         """(position p, hidden [n, D]): the final normed hidden states of the slot's tokens
         p .. p + n - 1 computed (and kept) since the last call; [0, D] when none."""
-        p, rows = self._hidden.pop(slot, (self.memory.length(slot), self._no_hidden()))
-        return p, rows
+        log = self._hidden.pop(slot, None)
+        if log is None:
+            return self.memory.length(slot), self._no_hidden()
+        return log.first, log.joined(self._no_hidden())
 
     def _no_hidden(self) -> torch.Tensor:
         width = self.model.cfg.hidden_size * max(1, len(self.taps))
@@ -245,17 +249,15 @@ class ModelRunner:
     def _log_hidden(self, batch: FlatBatch, hidden: torch.Tensor) -> None:
         cu = batch.cu_seqlens
         for i, (slot, start) in enumerate(zip(batch.slots, batch.starts, strict=True)):
-            rows = hidden[cu[i] : cu[i + 1]]
-            p, old = self._hidden.get(slot, (start, self._no_hidden()))
-            if start < p:  # the slot went back before the log (a new sequence)
-                p, old = start, self._no_hidden()
-            # rows at `start` and after replace what the log held there (a replay)
-            self._hidden[slot] = (p, torch.cat((old[: start - p], rows)))
+            log = self._hidden.get(slot)
+            if log is None or start < log.first:  # none, or the slot went back before it
+                log = self._hidden[slot] = HiddenLog(start)
+            log.add(start, hidden[cu[i] : cu[i + 1]])
 
     def _trim_hidden(self, slot: int, n_keep: int) -> None:
         if slot in self._hidden:
-            p, rows = self._hidden[slot]
-            self._hidden[slot] = (p, rows[: max(0, n_keep - p)])
+            log = self._hidden[slot]
+            log.keep(max(0, n_keep - log.first))
 
     # timing forwards on slot 0 before serving (rollback's `auto`, the draft cost model) -------
     def _sync(self) -> None:
