@@ -1,9 +1,9 @@
 """A slot's hidden states not yet taken by the speculator that drafts from them (mtp, eagle3).
 
-The runner logs each forward's rows for the slot, cuts the log back when a verification
-keeps fewer tokens, and joins it when the speculator takes it. The rows stay as each
-forward's chunk until then: joined at every forward, the log of a slot whose head went
-unasked was copied whole each step, a cost growing with the answer
+The runner logs each forward's rows for the slot (a copy of that forward's rows alone), cuts
+the log back when a verification keeps fewer tokens, and joins it when the speculator takes
+it. The rows stay as each forward's chunk until then: joined at every forward, the log of a
+slot whose head went unasked was copied whole each step, a cost growing with the answer
 (docs/perf/2026-11-30-hidden-log.md).
 """
 

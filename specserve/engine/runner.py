@@ -252,7 +252,8 @@ class ModelRunner:
             log = self._hidden.get(slot)
             if log is None or start < log.first:  # none, or the slot went back before it
                 log = self._hidden[slot] = HiddenLog(start)
-            log.add(start, hidden[cu[i] : cu[i + 1]])
+            # a copy of its own rows: a view would keep every slot's rows of the step alive
+            log.add(start, hidden[cu[i] : cu[i + 1]].clone())
 
     def _trim_hidden(self, slot: int, n_keep: int) -> None:
         if slot in self._hidden:
