@@ -199,10 +199,6 @@ std::atomic<int>& isa() {
   return value;
 }
 
-// rows sharing each weight record read (verification rows, prefill): AVX2 has 16 vector
-// registers, enough for 4 rows' accumulators and dots (lowbit_avx2.cpp); the VNNI file takes 8
-constexpr int AVX2_ROWS = lowbit::AVX2_ROWS;
-constexpr int VNNI_ROWS = 8;
 // VNNI calls of this many rows or more take two tiles per 512-bit vector (lowbit_vnni.cpp):
 // twice the multiplies per instruction, for the rows of verification and prefill. Fewer rows
 // are bound by memory, and there one tile per 256-bit vector (one stream of records) reads
@@ -245,7 +241,7 @@ void tile_rows(bool vnni, const Part& p, int64_t t, int tiles, const XRows& x, i
 void walk(bool vnni, const std::vector<Part>& parts, const std::vector<int64_t>& first,
           const XRows& x, int64_t t0, int64_t t1, int64_t n_out, float* yp, const float* bias) {
   const int64_t M = x.rows, K = x.nblocks * BLOCK;
-  const int64_t group = vnni ? VNNI_ROWS : AVX2_ROWS;
+  const int64_t group = vnni ? lowbit::VNNI_ROWS : lowbit::AVX2_ROWS;
   const bool pairs = vnni && M >= PAIR_ROWS;
   const int64_t chunk = std::max<int64_t>(group, CHUNK_BYTES / K / group * group);
   for (int64_t mc = 0; mc < M; mc += chunk) {

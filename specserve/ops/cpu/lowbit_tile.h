@@ -126,9 +126,10 @@ void vnni_tile_rows(int64_t kind, const uint8_t* records, int64_t stride, int ti
                     const XRows& x, int64_t m0, int64_t m1, int64_t n0, int64_t n_out, float* y,
                     const float* bias);
 
-// rows sharing each weight record read with AVX2 (16 vector registers: 4 rows' accumulators
-// and dots)
+// rows sharing each weight record read (verification rows, prefill): AVX2 has 16 vector
+// registers, enough for 4 rows' accumulators and dots; AVX-512 has 32, enough for 8
 constexpr int AVX2_ROWS = 4;
+constexpr int VNNI_ROWS = 8;
 
 // Rows m0..m1 of one tile of `kind` with AVX2 (defined in lowbit_avx2.cpp).
 void avx2_tile_rows(int64_t kind, const uint8_t* records, const XRows& x, int64_t m0, int64_t m1,

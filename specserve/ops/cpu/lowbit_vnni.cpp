@@ -31,7 +31,6 @@
 
 namespace {
 
-constexpr int ROWS = 8;  // 32 registers: 8 rows' accumulators and dots stay in registers
 
 // 256-bit vectors with VNNI: one tile, for calls of few rows (see lowbit.cpp's run)
 struct YV : Y {
@@ -253,8 +252,8 @@ void lowbit::vnni_tile_rows(int64_t kind, const uint8_t* records, int64_t stride
                             const XRows& x, int64_t m0, int64_t m1, int64_t n0, int64_t n_out,
                             float* y, const float* bias) {
   if (tiles == 2)
-    return kind_rows<ROWS, Z, Q8<Z>, Q4<Z>, Q5<Z>, Q6<Z>, Q4K<Z>>(kind, records, stride, x, m0, m1,
-                                                                  n0, n_out, y, bias, 2);
-  kind_rows<ROWS, YV, Q8<YV>, Q4<YV>, Q5<YV>, Q6<YV>, Q4K<YV>>(kind, records, 0, x, m0, m1, n0,
-                                                               n_out, y, bias, 1);
+    return kind_rows<VNNI_ROWS, Z, Q8<Z>, Q4<Z>, Q5<Z>, Q6<Z>, Q4K<Z>>(kind, records, stride, x,
+                                                                       m0, m1, n0, n_out, y, bias, 2);
+  kind_rows<VNNI_ROWS, YV, Q8<YV>, Q4<YV>, Q5<YV>, Q6<YV>, Q4K<YV>>(kind, records, 0, x, m0, m1,
+                                                                    n0, n_out, y, bias, 1);
 }
