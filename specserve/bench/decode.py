@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from specserve.bench.args import positive
+from specserve.bench.lowbit_rows import call_groups, kinds_table, time_groups
 from specserve.bench.server_process import read_rss_mib, reset_peak_rss
 from specserve.engine.runner import ModelRunner, SlotInput
 from specserve.errors import SpecserveError
@@ -64,6 +65,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="with --llama-bench: also time N rounds of one decode pass of ours and one of "
         "llama.cpp's, back to back (alternating which goes first), and print the per-round "
         "ratio: both sides in the same minute of a VM whose memory speed drifts",
+    )
+    p.add_argument(
+        "--by-kind",
+        action="store_true",
+        help="also time the model's low-bit calls grouped by shape and kind with 1, 2, 3, 4 "
+        "and 8 rows (--repeats rounds): which weights a verify row costs most on "
+        "(weights int8/int6/int5/int4/auto only)",
     )
 
 
@@ -171,12 +179,24 @@ def main(args: argparse.Namespace) -> None:
             if args.paired_rounds:  # main checked that --llama-bench came with it
                 rows.append(_paired_row(name, variant, runner, args))
                 print_paired(rows[-1])
+            if args.by_kind:
+                print_by_kind(name, variant, loaded.model, args.repeats)
             del loaded, runner
         if args.llama_bench:
             rows.append(_llama_cpp_row(name, args))
             print_table(rows[-1:], header=len(rows) == 1)
     if args.json_out:
         args.json_out.write_text(json.dumps(rows, indent=2))
+
+
+def print_by_kind(name: str, variant: str, model: torch.nn.Module, rounds: int) -> None:
+    """The model's low-bit calls by shape and kind at 1-8 rows (bench/lowbit_rows.py)."""
+    groups = call_groups(model)
+    if not groups:
+        print(f"[{name} {variant}] no low-bit calls: --by-kind needs int8/int6/int5/int4/auto")
+        return
+    print(f"[{name} {variant}] low-bit calls by shape and kind, ms per forward:", flush=True)
+    print(kinds_table(groups, time_groups(groups, rounds)), flush=True)
 
 
 def peak_mib() -> float:
