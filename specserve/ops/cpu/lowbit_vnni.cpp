@@ -31,7 +31,6 @@
 
 namespace {
 
-
 // 256-bit vectors with VNNI: one tile, for calls of few rows (see lowbit.cpp's run)
 struct YV : Y {
   static LOWBIT_INLINE I dpbusd(I acc, I u, I s) { return _mm256_dpbusd_epi32(acc, u, s); }
