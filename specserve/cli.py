@@ -94,6 +94,7 @@ def _generate(args: argparse.Namespace) -> None:
 # `specserve bench NAME` -> specserve.bench.NAME, whose add_args / main define and run it
 BENCHES = {
     "decode": "prefill/decode tok/s and the cost of a k-token forward",
+    "head-bound": "an EAGLE-3 head's best speedup on the bench's answers, on this machine",
     "serve": "server tok/s with 1, 2, 4 slots, speculation on/off; --load: errors, RSS",
     "spec": "speculative decoding per speculator: speedup, acceptance, exactness",
     "rollback": "hybrid models: ms per verification with snapshots / checkpoint + replay / auto",
@@ -113,7 +114,7 @@ def _serve(args: argparse.Namespace) -> None:
 
 
 def _bench(args: argparse.Namespace) -> None:
-    import_module(f"specserve.bench.{args.bench}").main(args)
+    import_module(f"specserve.bench.{args.bench.replace('-', '_')}").main(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,7 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmarks that print a table")
     bsub = b.add_subparsers(dest="bench", required=True)
     for name, text in BENCHES.items():
-        import_module(f"specserve.bench.{name}").add_args(bsub.add_parser(name, help=text))
+        import_module(f"specserve.bench.{name.replace('-', '_')}").add_args(
+            bsub.add_parser(name, help=text)
+        )
     b.set_defaults(func=_bench)
     return p
 

@@ -156,9 +156,14 @@ def write_whole(path: Path, write: Callable[[Path], object]) -> None:
 
 
 def answers(
-    loaded: LoadedModel, prompts: list[list[int]], max_tokens: int, slots: int = 16
+    loaded: LoadedModel,
+    prompts: list[list[int]],
+    max_tokens: int,
+    slots: int = 16,
+    stop_ids: frozenset[int] = frozenset(),
 ) -> list[tuple[list[int], list[int]]]:
-    """The model's own greedy replies (prompt ids, reply ids) to these prompts."""
+    """The model's own greedy replies (prompt ids, reply ids) to these prompts, each
+    max_tokens long unless it says one of stop_ids (then up to that one, included)."""
     from tqdm import tqdm
 
     from specserve.engine.engine import Engine
@@ -166,7 +171,7 @@ def answers(
     runner = ModelRunner(loaded.model, slots, max(map(len, prompts)) + max_tokens + 8)
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     engine = Engine(runner)
-    reqs = [Request(p, params) for p in prompts]
+    reqs = [Request(p, params, stop_ids=stop_ids) for p in prompts]
     for r in reqs:
         engine.add_request(r)
     with tqdm(desc="answers", total=len(reqs), unit="answer") as bar:

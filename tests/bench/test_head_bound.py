@@ -1,0 +1,107 @@
+"""`bench head-bound`: its policy and oracle arithmetic on made-up rows, the scoring of a
+tiny target's answer against what a drafting head keeps, and the timing of its rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from specserve.bench.head_bound import (
+    Costs,
+    Scored,
+    best_policy,
+    oracle_value,
+    policy_value,
+    scored,
+    time_costs,
+)
+from specserve.cli import build_parser
+from specserve.engine.engine import Engine
+from specserve.engine.request import Request
+from specserve.engine.runner import ModelRunner
+from specserve.engine.sampling import SamplingParams
+from specserve.loading.model import load_model
+from specserve.speculative import head_training as ht
+from tests.tiny import write_hf_folder
+from tests.tiny_eagle3 import foreseeing_head, nearly_bigram
+
+COSTS = Costs({1: 1.0, 2: 1.5, 3: 2.0}, head=0.1, one_row_ms=10.0)
+
+
+def _rows(kept: list[list[bool]], p: float = 0.9) -> Scored:
+    k = torch.tensor(kept)
+    return Scored(k, torch.full(k.shape, p))
+
+
+def test_a_draft_kept_whole_advances_past_it_and_pays_its_rows_and_head_steps() -> None:
+    s = _rows([[True, True]] * 5)
+    # row 0: 2 drafted and kept (3 tokens for 2 rows' 2.0 + 2 head steps); row 3: one
+    # token left to draft (2 tokens for 1.5 + 0.1): 5 tokens in 3.8 steps
+    assert policy_value(s, COSTS, theta=0.5, p_min=0.5, k=2) == pytest.approx(5 / 3.8)
+    assert oracle_value(s, COSTS) == pytest.approx(5 / 3.8)
+
+
+def test_a_missed_draft_still_pays_its_rows_and_the_oracle_never_asks_there() -> None:
+    s = _rows([[False, False]] * 4)
+    # one token a step: two steps with 2 draft rows and 2 head steps (2.2 each), then one
+    # with room for one (1.6), then the last with none (1.0)
+    assert policy_value(s, COSTS, theta=0.0, p_min=0.0, k=2) == pytest.approx(4 / 7.0)
+    assert oracle_value(s, COSTS) == 1.0
+    assert best_policy(s, COSTS)[0] == 1.0 and best_policy(s, COSTS)[3] == 0  # never ask
+
+
+def test_thresholds_cut_drafts_where_the_head_is_unsure() -> None:
+    s = Scored(torch.tensor([[True, True]] * 3), torch.tensor([[0.9, 0.1]] * 3))
+    # p_min 0.5 stops the draft after one token (both head steps paid): 2 tokens for
+    # 1.5 + 0.2, then the last row, with no room to draft, alone
+    assert policy_value(s, COSTS, theta=0.5, p_min=0.5, k=2) == pytest.approx(3 / 2.7)
+    # theta over the first token's 0.9: nothing verified, one head step where there is room
+    assert policy_value(s, COSTS, theta=0.95, p_min=0.0, k=2) == pytest.approx(3 / 3.2)
+
+
+def test_the_oracle_bounds_every_policy() -> None:
+    g = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        s = Scored(torch.rand(60, 3, generator=g) < 0.6, torch.rand(60, 3, generator=g))
+        costs = Costs({1: 1.0, 2: 1.2, 3: 1.35, 4: 1.5}, head=0.08, one_row_ms=10.0)
+        value, *_ = best_policy(s, costs)
+        assert 1.0 <= value <= oracle_value(s, costs)
+
+
+@pytest.fixture(scope="module")
+def bigram(tmp_path_factory: pytest.TempPathFactory) -> torch.nn.Module:
+    folder = tmp_path_factory.mktemp("target")
+    write_hf_folder("qwen2", folder, seed=11)
+    # then float32, as served: the scoring reads the target's tapped states in float32
+    return nearly_bigram(load_model(folder, dtype="float64").model).float()
+
+
+def test_scored_rows_are_the_drafts_a_head_makes_and_the_target_keeps(bigram) -> None:  # noqa: ANN001
+    head = foreseeing_head(bigram).float()
+    prompt = [5, 17, 3, 99, 41, 8]
+    req = Request(prompt, SamplingParams(temperature=0, max_tokens=40))
+    Engine(ModelRunner(bigram, 1, 64)).generate([req])
+    s = scored(head, bigram, prompt, req.output, steps=3)
+    assert s.kept.shape == s.p.shape == (39, 3)
+    assert ((s.p[:, 0] > 0) & (s.p[:, 0] <= 1)).all()
+    # row i (after answer token i) drafts token i + 1 first: the head's likeliest there
+    rows = ht.target_rows(bigram, prompt + req.output, head.cfg.aux_layers)
+    logits, _ = ht.unrolled_logits(head, bigram.embed, rows, 1)[0]
+    drafts = head.d2t[logits.argmax(dim=-1)][len(prompt) - 1 :]
+    assert s.kept[:, 0].tolist() == (drafts[:39] == torch.tensor(req.output[1:])).tolist()
+    assert 0 < int(s.kept[:, 0].sum()) < 39  # some kept, some missed
+
+
+def test_costs_are_timed_for_every_row_count_against_one_row(bigram) -> None:  # noqa: ANN001
+    head = foreseeing_head(bigram, noise=0.3).float()
+    costs = time_costs(ModelRunner(bigram, 1, 96), head, list(range(2, 50)), 3, rounds=2)
+    assert sorted(costs.rows) == [1, 2, 3, 4] and costs.rows[1] == 1.0
+    assert all(v > 0 for v in costs.rows.values()) and costs.head > 0
+
+
+def test_the_command_defaults_to_the_issue_workloads_and_a_served_head(tmp_path: Path) -> None:
+    args = build_parser().parse_args(["bench", "head-bound"])
+    assert args.workloads == ["quicksort-python", "quicksort-c", "quicksort-java", "prose"]
+    assert args.draft_weights == "int4" and args.steps == 4
