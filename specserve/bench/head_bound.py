@@ -40,6 +40,7 @@ from specserve.batch import FlatBatch
 from specserve.bench.args import positive
 from specserve.bench.report import Column, format_table, interleaved
 from specserve.engine.runner import ModelRunner, SlotInput
+from specserve.errors import SpecserveError
 from specserve.models.eagle3 import Eagle3Head
 from specserve.models.registry import LanguageModel
 from specserve.speculative import head_training as ht
@@ -166,6 +167,21 @@ def time_costs(
     return Costs(rows, statistics.median(head_steps) / one, one * 1e3)
 
 
+def given_costs(spec: str, steps: int) -> Costs:
+    """--costs "1.27,1.46,1.66,1.85,0.10" -> Costs (one_row_ms 0: not timed)."""
+    try:
+        values = [float(v) for v in spec.split(",")]
+    except ValueError:
+        values = []
+    if len(values) != steps + 1 or min(values, default=0) <= 0:
+        raise SpecserveError(
+            f"--costs: {steps + 1} positive numbers (forwards of 2..{steps + 1} rows over one "
+            f"row, then a head step over one row), got {spec!r}"
+        )
+    rows = {1: 1.0, **{m + 2: v for m, v in enumerate(values[:-1])}}
+    return Costs(rows, values[-1], 0.0)
+
+
 def _batch(start: int, n: int) -> FlatBatch:
     """Slot 0's rows start .. start + n - 1 of the head's cache."""
     return FlatBatch.build([0], [start], [n], torch.device("cpu"))
@@ -198,6 +214,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--repeats", type=positive, default=20, help="interleaved rounds of the timed forwards"
     )
+    p.add_argument(
+        "--costs",
+        default=None,
+        metavar="R2,...,HEAD",
+        help="costs given instead of timed: a forward of 2, 3, ... steps + 1 rows over one of "
+        "one row, then a head step over it (e.g. 1.27,1.46,1.66,1.85,0.10: what a fast spell "
+        "of a Zen 4 VM measured), to see what the head would give where rows cost that",
+    )
 
 
 def main(args: argparse.Namespace) -> None:
@@ -214,14 +238,15 @@ def main(args: argparse.Namespace) -> None:
             raise SystemExit(f"{name} has no tokenizer: the workloads need its chat template")
         prompts = [list(tok.chat(messages(w, None))) for w in args.workloads]
         replies = answers(loaded, prompts, args.max_tokens, len(prompts), tok.eog_ids)
-        prompt, reply = replies[0]
-        runner = ModelRunner(loaded.model, 1, len(prompt) + len(reply) + args.steps + 16)
-        costs = time_costs(runner, head, prompt + reply, args.steps, args.repeats)
+        if args.costs:
+            costs = given_costs(args.costs, args.steps)
+        else:
+            prompt, reply = replies[0]
+            runner = ModelRunner(loaded.model, 1, len(prompt) + len(reply) + args.steps + 16)
+            costs = time_costs(runner, head, prompt + reply, args.steps, args.repeats)
         rows = ", ".join(f"{m} rows {v:.2f}" for m, v in costs.rows.items() if m > 1)
-        print(
-            f"[{name}] a plain step's forward {costs.one_row_ms:.2f} ms; {rows}; "
-            f"a head step {costs.head:.3f} of a step"
-        )
+        timed = f"a plain step's forward {costs.one_row_ms:.2f} ms" if costs.one_row_ms else "given"
+        print(f"[{name}] {timed}; {rows}; a head step {costs.head:.3f} of a step")
         table = []
         for w, (prompt, reply) in zip(args.workloads, replies, strict=True):
             s = scored(head, loaded.model, prompt, reply, args.steps)

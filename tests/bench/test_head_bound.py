@@ -3,8 +3,6 @@ tiny target's answer against what a drafting head keeps, and the timing of its r
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -12,6 +10,7 @@ from specserve.bench.head_bound import (
     Costs,
     Scored,
     best_policy,
+    given_costs,
     oracle_value,
     policy_value,
     scored,
@@ -22,6 +21,7 @@ from specserve.engine.engine import Engine
 from specserve.engine.request import Request
 from specserve.engine.runner import ModelRunner
 from specserve.engine.sampling import SamplingParams
+from specserve.errors import SpecserveError
 from specserve.loading.model import load_model
 from specserve.speculative import head_training as ht
 from tests.tiny import write_hf_folder
@@ -101,7 +101,15 @@ def test_costs_are_timed_for_every_row_count_against_one_row(bigram) -> None:  #
     assert all(v > 0 for v in costs.rows.values()) and costs.head > 0
 
 
-def test_the_command_defaults_to_the_issue_workloads_and_a_served_head(tmp_path: Path) -> None:
+def test_the_command_defaults_to_the_issue_workloads_and_a_served_head() -> None:
     args = build_parser().parse_args(["bench", "head-bound"])
     assert args.workloads == ["quicksort-python", "quicksort-c", "quicksort-java", "prose"]
-    assert args.draft_weights == "int4" and args.steps == 4
+    assert args.draft_weights == "int4" and args.steps == 4 and args.costs is None
+
+
+def test_given_costs_stand_for_the_timed_ones() -> None:
+    c = given_costs("1.27,1.46,1.66,1.85,0.10", steps=4)
+    assert c.rows == {1: 1.0, 2: 1.27, 3: 1.46, 4: 1.66, 5: 1.85} and c.head == 0.10
+    for bad in ("1.27,1.46,0.1", "1.27,x,1.66,1.85,0.1", "1.27,1.46,1.66,1.85,0"):
+        with pytest.raises(SpecserveError, match="--costs: 5 positive numbers"):
+            given_costs(bad, steps=4)
