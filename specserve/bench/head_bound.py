@@ -5,8 +5,8 @@ this machine, now.
 
 A head's speedup is set by two things `bench spec` cannot separate: how often the target
 keeps its drafts, and what a verify row and a head step cost against a plain step (on a
-Zen 4 VM a second row cost 1.05x one in a slow spell and 1.28x in a fast one:
-docs/perf/2026-11-30-head-and-rows.md). This measures both in one run:
+Zen 4 VM a second row's cost moves with the VM's spells: docs/perf/2026-11-30-head-bound.md).
+This measures both in one run:
 
 - each workload's greedy answer (as `bench spec` makes it), scored teacher-forced: at every
   row, which of the head's next `--steps` greedy drafts the target keeps, and the head's
@@ -20,8 +20,8 @@ From those, decoding the answer in plain steps' time (tokens per step over its c
   at most k tokens. The thresholds are picked with hindsight on the answer itself.
 - `oracle`: a drafter that knows which tokens the target keeps and drafts exactly those
   (no head step where none is): no policy with this head reaches it.
-Both leave out what a step pays outside the forwards (lookups, sampling, the commit: about
-a twentieth of a 0.5B step), and the chain's lookup drafts, which add little on new text.
+Both leave out what a step pays outside the forwards (lookups, sampling, the commit: small
+beside a forward), and the chain's lookup drafts, which add little on new text.
 A `bench spec` figure far under `policy` says the engine's policy leaves speed behind; a
 target over `oracle` cannot be met with this head on this machine in this spell.
 """
@@ -235,7 +235,7 @@ def main(args: argparse.Namespace) -> None:
         head = load_eagle3(args.head or own_head_name(name), loaded.cfg, weights=args.draft_weights)
         tok = loaded.tokenizer
         if tok is None:
-            raise SystemExit(f"{name} has no tokenizer: the workloads need its chat template")
+            raise SpecserveError(f"{name} has no tokenizer: the workloads need its chat template")
         prompts = [list(tok.chat(messages(w, None))) for w in args.workloads]
         replies = answers(loaded, prompts, args.max_tokens, len(prompts), tok.eog_ids)
         if args.costs:
@@ -255,7 +255,9 @@ def main(args: argparse.Namespace) -> None:
         print(format_table(table, COLUMNS))
 
 
-def _row(workload: str, s: Scored, value: float, args: tuple, oracle: float) -> dict:
+def _row(
+    workload: str, s: Scored, value: float, args: tuple[float, float, int], oracle: float
+) -> dict:
     """A table row; `kept` per position: the chance a draft reaching it is kept there."""
     reached = torch.ones(s.kept.shape[0], dtype=torch.bool)
     shares = []
