@@ -230,6 +230,7 @@ def main(args: argparse.Namespace) -> None:
     from specserve.loading.eagle3 import load_eagle3, own_head_name
     from specserve.loading.model import load_model
 
+    given = given_costs(args.costs, args.steps) if args.costs else None  # before any load
     for name in args.models:
         loaded = load_model(name, "float32", progress=True, weights="auto")
         head = load_eagle3(args.head or own_head_name(name), loaded.cfg, weights=args.draft_weights)
@@ -238,8 +239,8 @@ def main(args: argparse.Namespace) -> None:
             raise SpecserveError(f"{name} has no tokenizer: the workloads need its chat template")
         prompts = [list(tok.chat(messages(w, None))) for w in args.workloads]
         replies = answers(loaded, prompts, args.max_tokens, len(prompts), tok.eog_ids)
-        if args.costs:
-            costs = given_costs(args.costs, args.steps)
+        if given is not None:
+            costs = given
         else:
             prompt, reply = replies[0]
             runner = ModelRunner(loaded.model, 1, len(prompt) + len(reply) + args.steps + 16)

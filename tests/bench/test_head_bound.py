@@ -11,6 +11,7 @@ from specserve.bench.head_bound import (
     Scored,
     best_policy,
     given_costs,
+    main,
     oracle_value,
     policy_value,
     scored,
@@ -113,3 +114,11 @@ def test_given_costs_stand_for_the_timed_ones() -> None:
     for bad in ("1.27,1.46,0.1", "1.27,x,1.66,1.85,0.1", "1.27,1.46,1.66,1.85,0"):
         with pytest.raises(SpecserveError, match="--costs: 5 positive numbers"):
             given_costs(bad, steps=4)
+
+
+def test_bad_costs_fail_before_any_model_loads() -> None:
+    args = build_parser().parse_args(
+        ["bench", "head-bound", "--models", "no-such-model", "--costs", "1,2"]
+    )
+    with pytest.raises(SpecserveError, match="--costs"):
+        main(args)
