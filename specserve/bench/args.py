@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import TypeVar
+
+N = TypeVar("N", int, float)
 
 
 def positive(text: str) -> int:
@@ -15,3 +19,12 @@ def positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def numbers(spec: str, kind: Callable[[str], N]) -> list[N]:
+    """A flag's comma-separated numbers, or [] where one is not a number (the caller says
+    what it wanted)."""
+    try:
+        return [kind(x) for x in spec.split(",")]
+    except ValueError:
+        return []

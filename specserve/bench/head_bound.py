@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from specserve.batch import FlatBatch
-from specserve.bench.args import positive
+from specserve.bench.args import numbers, positive
 from specserve.bench.report import Column, format_table, interleaved
 from specserve.engine.runner import ModelRunner, SlotInput
 from specserve.errors import SpecserveError
@@ -169,10 +169,7 @@ def time_costs(
 
 def given_costs(spec: str, steps: int) -> Costs:
     """--costs "1.27,1.46,1.66,1.85,0.10" -> Costs (one_row_ms 0: not timed)."""
-    try:
-        values = [float(v) for v in spec.split(",")]
-    except ValueError:
-        values = []
+    values = numbers(spec, float)
     if len(values) != steps + 1 or min(values, default=0) <= 0:
         raise SpecserveError(
             f"--costs: {steps + 1} positive numbers (forwards of 2..{steps + 1} rows over one "

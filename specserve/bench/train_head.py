@@ -21,10 +21,10 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TypeVar
 
 import torch
 
+from specserve.bench.args import numbers
 from specserve.bench.head_data import (
     HELD_OUT,
     STDLIB_TOKENS,
@@ -44,7 +44,6 @@ from specserve.models.registry import LanguageModel
 from specserve.speculative import head_training as ht
 from specserve.speculative.mtp import CONFIDENCE
 
-N = TypeVar("N", int, float)
 EVAL_DEPTH = 4  # draft positions scored, however deep the training unrolled
 LR = 6e-4
 # a resumed run peaks at this share of LR: restarted at the full rate, a 25-minute resume of
@@ -161,7 +160,7 @@ def taps(spec: str | None, num_layers: int) -> tuple[int, ...]:
     """`--taps`: three layer ids of the target (vLLM's count), or vLLM's default."""
     if not spec:
         return default_aux_layers(num_layers)
-    ids = tuple(_numbers(spec, int))
+    ids = tuple(numbers(spec, int))
     if not taps_fit(ids, num_layers):
         raise SpecserveError(f"--taps: three layer ids in 0..{num_layers - 1}, got {spec!r}")
     return ids
@@ -220,22 +219,13 @@ def weights_of_steps(spec: str | None, steps: int) -> list[float] | None:
     """--step-weights "1,0.3" -> [1.0, 0.3], one per unrolled step (None: steps alike)."""
     if spec is None:
         return None
-    weights = _numbers(spec, float)
+    weights = numbers(spec, float)
     if len(weights) != steps or min(weights) < 0 or not any(weights):
         raise SpecserveError(
             f"--step-weights: {steps} comma-separated weights >= 0 (one per --steps), "
             f"not all 0; got {spec!r}"
         )
     return weights
-
-
-def _numbers(spec: str, kind: Callable[[str], N]) -> list[N]:
-    """A flag's comma-separated numbers, or [] where one is not a number (the caller says
-    what it wanted)."""
-    try:
-        return [kind(x) for x in spec.split(",")]
-    except ValueError:
-        return []
 
 
 def peak_lr(lr: float | None, resumed: bool) -> float:
