@@ -178,9 +178,9 @@ class Speculator:
         # kept-rates, from which drafts are valued
         self.rates = AcceptanceModel(self.first_rates, self.prior)
         self.worth = DraftWorth(self)  # how long its drafts are (speculative/draft_length.py)
-        # the draft proposed last for each slot (length, tier), so accept() can be checked
-        # and counted
-        self._last: dict[int, tuple[int, int]] = {}
+        # the draft proposed last for each slot (its length as offered, the draft whole), so
+        # accept() can be checked and counted and a chain's relabelling recut from the whole
+        self._last: dict[int, tuple[int, Draft]] = {}
         self._tenants: dict[int, str | None] = {}  # slot -> whose sequence it holds
 
     # tier -> the prior of its first position where the tier is a probability (rates.py)
@@ -235,13 +235,13 @@ class Speculator:
 
     def _offer(self, req: DraftRequest, full: Draft) -> Draft:
         """`full` cut to the length worth verifying (empty under n_min), remembered as the
-        slot's last draft, and held until verified (accept) or, if not, until the target's
-        next token shows whether its first token was right (rates.py)."""
+        slot's last draft, and held whole until the target's output shows how much of it
+        holds, verified or not (rates.py)."""
         d = _clip(full, self.worth.cut_length(req, full))
         if len(d) < max(req.n_min, 1):
             d = Draft()
         self.rates.hold(req.slot, len(req.tokens), full.tokens, full.tier)
-        self._last[req.slot] = (len(d), full.tier)
+        self._last[req.slot] = (len(d), full)
         self.worth.ledger.offered(req.slot, req.verify_cost(len(d)))
         return d
 
@@ -264,26 +264,26 @@ class Speculator:
 
     def accept(self, slot: int, n_accepted: int) -> None:
         """The target kept n_accepted tokens of the slot's last draft."""
-        proposed, tier = self._last.pop(slot, (0, 0))
+        proposed, whole = self._last.pop(slot, (0, Draft()))
         if not 0 <= n_accepted <= proposed:
             raise ValueError(f"slot {slot}: accepted {n_accepted} of a {proposed}-token draft")
         self.worth.ledger.settle(slot, n_accepted if proposed else None)
         if proposed:  # as llama.cpp: the statistics count verified, non-empty drafts
             self.stats.record_draft(proposed)
             self.stats.record_accept(n_accepted, proposed)
-            self.rates.learn(slot, tier, n_accepted, proposed)
-            self.rates.drop(slot)  # learnt in full, not from its first token
+            self.rates.verified(slot, whole.tier, n_accepted, proposed)
             self._accept(slot, n_accepted, proposed)
 
-    def retier(self, req: DraftRequest, d: Draft, tier: int) -> Draft:
-        """The slot's last draft `d` as of `tier`, which a chain learnt of it after it was
-        made (chain.py): held and learnt under that tier, and cut to the length its rates
+    def retier(self, req: DraftRequest, tier: int) -> Draft:
+        """The slot's last draft as of `tier`, which a chain learnt of it after it was made
+        (chain.py): held and learnt whole under that tier, and cut to the length its rates
         make worth verifying, empty if none."""
-        return self._offer(req, replace(d, tier=tier))
+        _, whole = self._last.get(req.slot, (0, Draft()))
+        return self._offer(req, replace(whole, tier=tier))
 
     def discard(self, slot: int) -> None:
         """The slot's last draft was not verified (a chain chose another drafter's); the
-        rates still learn from its first token (rates.py), and its ask brought nothing."""
+        rates still learn from it, whole (rates.py), and its ask brought nothing."""
         self._last.pop(slot, None)
         self.worth.ledger.settle(slot, None)
 

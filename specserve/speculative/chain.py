@@ -154,7 +154,7 @@ class ChainSpeculator(Speculator):
         if standing is None or standing.relative_cost > 0 or drafted.tier >= AGREED:
             return
         witnessed = AGREED if drafted.tokens[0] == d.tokens[0] else CONTESTED
-        drafted = standing.retier(req, drafted, drafted.tier + witnessed)
+        drafted = standing.retier(req, drafted.tier + witnessed)
         value = standing.worth.value(req, drafted) if drafted else 0.0
         if value > 1.0:
             best[req.slot] = (value, drafted)

@@ -63,7 +63,7 @@ MIN_GAIN = 1.05
 EXPLORE = 4
 # a costly drafter judged not worth asking is still asked for one token every REVISIT-th
 # time: unasked, it would never learn that the text changed (a server whose first requests
-# were prose would never ask the head again for code); its draft teaches its first token
+# were prose would never ask the head again for code); its draft teaches each of its tokens
 # whether verified or not (rates.py), for 1/REVISIT of its drafting cost
 REVISIT = 16
 # a costly drafter is priced by its own measured asks once it has PRICED of them (the

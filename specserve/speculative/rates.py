@@ -29,17 +29,21 @@ of every tier (`ANY`: the overall rates, then the slot's own).
 "reached" counts drafts whose position i the target got to (every earlier one kept). Per
 slot because one request (a code edit) is far more predictable than another (prose).
 
-Drafts that were not verified teach their first position too (`hold` / `settle`): the
-target's next token says whether the first draft token was right. Without this a tier
-whose estimate fell below what a verify row costs was never verified again, so never
-learnt better: at 4 slots, where a row costs most of a slot's step, no draft ever passed
-the prior's 1 in 2 (figures: docs/perf/cost.md).
+Every draft teaches every position, as made and whether verified or not (`hold` /
+`settle`): the target's own next tokens say how many of its tokens it would have kept.
+Learnt from its first token alone, a tier whose estimate fell below what a verify row
+costs was never verified again, so never learnt better: at 4 slots, where a row costs
+most of a slot's step, no draft ever passed the prior's 1 in 2 (figures:
+docs/perf/cost.md). Learnt from the verified part alone, a tier whose later positions
+missed a few times was cut to one token from then on, and its later positions were
+never reached again: the 1.5B's suffix drafts on prose stayed one token long while
+ngram-map-k verified the repeats (docs/perf/2026-11-30-settled-drafts.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 TIER_PRIOR = 4  # a tier's rates start from the drafter's overall ones, worth this many drafts
 SLOT_PRIOR = 4  # a slot's rates start from its tier's, worth this many drafts
@@ -53,18 +57,21 @@ def grow(counts: list[int], n: int) -> None:
         counts.extend([0] * (n - len(counts)))
 
 
-def count_positions(counts: list[int], n: int) -> None:
-    """One more occurrence of positions 0..n-1."""
+def count_positions(counts: list[int], n: int, start: int = 0) -> None:
+    """One more occurrence of positions start..n-1."""
     grow(counts, n)
-    for i in range(n):
+    for i in range(start, n):
         counts[i] += 1
 
 
-def count_kept(kept: list[int], reached: list[int], n_kept: int, n_proposed: int) -> None:
+def count_kept(
+    kept: list[int], reached: list[int], n_kept: int, n_proposed: int, start: int = 0
+) -> None:
     """One checked draft into per-position tallies: positions 0..n_kept-1 were kept, and
-    the target reached one past them unless all were kept."""
-    count_positions(kept, n_kept)
-    count_positions(reached, min(n_kept + 1, n_proposed))
+    the target reached one past them unless all were kept; those before `start` are
+    counted already."""
+    count_positions(kept, n_kept, start)
+    count_positions(reached, min(n_kept + 1, n_proposed), start)
 
 
 def at(counts: list[int], i: int) -> int:
@@ -78,8 +85,8 @@ class Tally:
     kept: list[int] = field(default_factory=list)
     reached: list[int] = field(default_factory=list)
 
-    def add(self, n_kept: int, n_proposed: int) -> None:
-        count_kept(self.kept, self.reached, n_kept, n_proposed)
+    def add(self, n_kept: int, n_proposed: int, start: int = 0) -> None:
+        count_kept(self.kept, self.reached, n_kept, n_proposed, start)
 
     def rate(self, i: int, prior: float, weight: float) -> float:
         return (at(self.kept, i) + weight * prior) / (at(self.reached, i) + weight)
@@ -87,11 +94,20 @@ class Tally:
 
 @dataclass(frozen=True)
 class _Held:
-    """A draft that was not verified: its first token, at context position `at`."""
+    """A draft made at context position `at`, whole (before any cut), not yet settled;
+    its positions before `start` were verified, so learnt already."""
 
     at: int
-    token: int
+    tokens: tuple[int, ...]
     tier: int
+    start: int = 0
+
+    def kept(self, context: Sequence[int]) -> int | None:
+        """How many of its tokens the target's output keeps, once `context` shows it (the
+        first wrong one, or all of them); None while it cannot tell yet."""
+        seen = context[self.at : self.at + len(self.tokens)]
+        n = next((i for i, t in enumerate(seen) if t != self.tokens[i]), len(seen))
+        return n if n < len(seen) or len(seen) == len(self.tokens) else None
 
 
 class AcceptanceModel:
@@ -105,15 +121,28 @@ class AcceptanceModel:
         self.overall = Tally()
         self._tiers: dict[int, Tally] = {}
         self._slots: dict[int, dict[int, Tally]] = {}  # slot -> tier -> the sequence's drafts
-        self._held: dict[int, _Held] = {}
+        self._held: dict[int, list[_Held]] = {}  # slot -> its drafts not yet settled
 
-    def learn(self, slot: int, tier: int, n_kept: int, n_proposed: int) -> None:
-        """A draft of n_proposed tokens on `slot` had its first n_kept kept."""
+    def learn(self, slot: int, tier: int, n_kept: int, n_proposed: int, start: int = 0) -> None:
+        """A draft of n_proposed tokens on `slot` had its first n_kept kept (its positions
+        before `start` counted already)."""
         tallies = [self.overall, self._tier(tier), self._slot(slot, tier)]
         if tier != ANY:
             tallies.append(self._slot(slot, ANY))
         for tally in tallies:
-            tally.add(n_kept, n_proposed)
+            tally.add(n_kept, n_proposed, start)
+
+    def verified(self, slot: int, tier: int, n_kept: int, n_proposed: int) -> None:
+        """The slot's last draft, cut to n_proposed tokens, had n_kept of them kept: learnt
+        now; its whole stays held past them where all were kept (`settle`)."""
+        self.learn(slot, tier, n_kept, n_proposed)
+        held = self._held.get(slot)
+        if not held:
+            return
+        if n_kept < n_proposed or len(held[-1].tokens) <= n_proposed:
+            held.pop()
+        else:
+            held[-1] = replace(held[-1], start=n_proposed)
 
     def rates(self, slot: int, tier: int, n: int) -> list[float]:
         """r(0)..r(n-1) for a draft of this tier (ANY: of whatever tier) on this slot."""
@@ -149,23 +178,24 @@ class AcceptanceModel:
         return sorted(self._tiers)
 
     def hold(self, slot: int, context_len: int, tokens: Sequence[int], tier: int) -> None:
-        """A draft made after `context_len` tokens was not verified: check its first token
-        against the target's next one (`settle`). An empty draft teaches nothing."""
+        """A draft made after `context_len` tokens, whole: learnt once the target's output
+        shows how much of it holds (`settle`), in place of one held before at the same
+        position (a chain's relabelling). An empty draft teaches nothing."""
+        held = [h for h in self._held.get(slot, []) if h.at != context_len]
         if tokens:
-            self._held[slot] = _Held(context_len, int(tokens[0]), tier)
-        else:
-            self._held.pop(slot, None)
+            held.append(_Held(context_len, tuple(int(t) for t in tokens), tier))
+        self._held[slot] = held
 
     def settle(self, slot: int, context: Sequence[int]) -> None:
-        """The slot's context has grown: learn from its held draft's first token."""
-        held = self._held.get(slot)
-        if held is not None and len(context) > held.at:
-            del self._held[slot]
-            self.learn(slot, held.tier, int(context[held.at] == held.token), 1)
-
-    def drop(self, slot: int) -> None:
-        """The slot's draft was verified, so learnt in full: nothing is held for it."""
-        self._held.pop(slot, None)
+        """The slot's context has grown: learn from each held draft it now settles."""
+        waiting = []
+        for held in self._held.get(slot, []):
+            kept = held.kept(context)
+            if kept is None:
+                waiting.append(held)
+            else:
+                self.learn(slot, held.tier, max(kept, held.start), len(held.tokens), held.start)
+        self._held[slot] = waiting
 
     def forget(self, slot: int) -> None:
         """The slot starts another sequence: its own tallies and held draft go."""

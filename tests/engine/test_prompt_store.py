@@ -55,8 +55,10 @@ def test_conversation_restored_from_the_store_continues_bit_identical(arch: str,
     follow = a_stay.context + _tokens(7, 23)
     (again_stay,) = stay.generate([_logprob_request(follow, bool(spec))])
     (again,) = moved.generate([_logprob_request(follow, bool(spec))])
-    held = len(a_stay.context) - 1
-    assert again_stay.timings.cache_n == held
+    # the slot holds A's whole context but its last token, or all of it where the answer
+    # ended inside a kept draft (its tokens are in memory already)
+    held = again_stay.timings.cache_n
+    assert held in (len(a_stay.context) - 1, len(a_stay.context))
     assert again.timings.cache_n == held  # from the store, not prefilled again
     assert _store(moved).hits == 1
     assert again.output == again_stay.output == _fresh(arch, follow)

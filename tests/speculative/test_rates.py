@@ -30,22 +30,69 @@ def test_tiers_are_learnt_apart_and_a_new_tier_starts_from_the_overall_rate() ->
     assert model.rates(0, 7, 1)[0] == pytest.approx(expected)
 
 
-def test_a_held_draft_learns_its_first_token_from_the_next_context() -> None:
+def test_a_held_draft_learns_every_position_the_target_output_shows() -> None:
     model = AcceptanceModel()
     model.hold(0, context_len=3, tokens=[9, 8], tier=4)
     model.settle(0, [1, 2, 3])  # the target has not answered yet: nothing learnt
+    model.settle(0, [1, 2, 3, 9])  # its first token holds; the second is not known yet
     assert model.overall.reached == []
-    model.settle(0, [1, 2, 3, 9])
+    model.settle(0, [1, 2, 3, 9, 8])
+    assert (model.overall.kept, model.overall.reached) == ([1, 1], [1, 1])
+    model.settle(0, [1, 2, 3, 9, 8, 5])  # settled once only
+    assert model.overall.reached == [1, 1]
+    model.hold(0, context_len=5, tokens=[7, 6], tier=4)
+    model.hold(0, context_len=5, tokens=[5, 6], tier=4)  # relabelled: the second one counts
+    model.settle(0, [1, 2, 3, 9, 8, 5, 0])  # its second token is wrong
+    assert (model.overall.kept, model.overall.reached) == ([2, 1], [2, 2])
+
+
+def test_a_verified_draft_learns_past_its_cut_once_the_output_shows_it() -> None:
+    model = AcceptanceModel()
+    model.hold(0, context_len=1, tokens=[4, 5, 6], tier=2)
+    model.verified(0, tier=2, n_kept=1, n_proposed=1)  # cut to one token, kept
     assert (model.overall.kept, model.overall.reached) == ([1], [1])
-    model.settle(0, [1, 2, 3, 9, 5])  # settled once only
-    assert model.overall.reached == [1]
-    model.hold(0, context_len=4, tokens=[7], tier=4)
-    model.settle(0, [1, 2, 3, 9, 5])
-    assert (model.overall.kept, model.overall.reached) == ([1], [2])
-    model.hold(0, context_len=5, tokens=[6], tier=4)
-    model.drop(0)  # verified: learnt from the verification, not held
-    model.settle(0, [1, 2, 3, 9, 5, 6])
-    assert model.overall.reached == [2]
+    model.settle(0, [0, 4, 5, 0])  # the target's own tokens: 5 held, 6 did not
+    assert (model.overall.kept, model.overall.reached) == ([1, 1], [1, 1, 1])
+    model.hold(0, context_len=4, tokens=[7, 7], tier=2)
+    model.verified(0, tier=2, n_kept=0, n_proposed=1)  # missed: nothing past it to learn
+    model.settle(0, [0, 4, 5, 0, 3, 7])
+    assert (model.overall.kept, model.overall.reached) == ([1, 1], [2, 1, 1])
+
+
+class Phased(Speculator):
+    """Drafts 4 tokens of `truth` whose first is right and, before position `wrong_until`,
+    the rest wrong (-1)."""
+
+    def __init__(self, truth: list[int], wrong_until: int) -> None:
+        super().__init__()
+        self.truth, self.wrong_until = truth, wrong_until
+
+    def _draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        out = []
+        for r in requests:
+            t = len(r.tokens)
+            whole = self.truth[t : t + 4]
+            out.append(Draft(whole if t >= self.wrong_until else whole[:1] + [-1] * 3, tier=1))
+        return out
+
+
+def test_drafts_cut_short_learn_their_later_positions_again_when_the_text_changes() -> None:
+    # rows cost 0.15 of a step each: after the early drafts' later tokens missed, drafts are
+    # cut to their first token; learnt from verified tokens alone, their later positions
+    # were never reached again, and the drafts stayed one token long on text they now fit
+    truth = list(range(1000, 1400))
+    spec = Phased(truth, wrong_until=60)
+    cost = [1.0 + 0.15 * k for k in range(5)]
+    got: list[tuple[int, int]] = []
+    t = 1
+    while t < 200:
+        (d,) = spec.draft([DraftRequest(0, truth[:t], 4, cost=cost)])
+        kept = next((i for i, tok in enumerate(d.tokens) if tok != truth[t + i]), len(d))
+        spec.accept(0, kept)
+        got.append((t, len(d)))
+        t += kept + 1
+    assert [n for at, n in got if 30 <= at < 60] == [1] * len([a for a, _ in got if 30 <= a < 60])
+    assert [n for at, n in got if at >= 150] and all(n == 4 for at, n in got if at >= 150)
 
 
 class Oracle(Speculator):
