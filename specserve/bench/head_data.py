@@ -88,21 +88,34 @@ def cached_answers(
     """`answers`, kept in the cache beside the heads: a resumed or repeated run with the same
     model, count, length and seed reads them back instead of decoding them again, and any run
     decodes only the prompts no cached file of this model and length answered (a greedy reply
-    to the same prompt ids is the same text, whatever ask set or seed it came in)."""
+    to the same prompt ids is the same text, whatever ask set or seed it came in). Each
+    reply ends at the model's end of turn, as a served one does; files written before
+    replies stopped there are cut on reading (`until_stop`)."""
     questions = asks(n, seed)
     path = _answers_path(model, questions, max_tokens, seed)
+    stop = loaded.tokenizer.eog_ids if loaded.tokenizer is not None else frozenset()
     if path.exists():
-        return [(p, r) for p, r in json.loads(path.read_text())]
+        return [(p, until_stop(r, stop)) for p, r in json.loads(path.read_text())]
     prompts = [chat_prompt(loaded, q) for q in questions]
     known = _known_answers(model, max_tokens)
     missing = [p for p in prompts if tuple(p) not in known]
     if missing:
-        made = answers(loaded, missing, max_tokens)
+        made = answers(loaded, missing, max_tokens, stop_ids=stop)
         known.update((tuple(p), r) for p, r in made)
-    replies = [(p, known[tuple(p)]) for p in prompts]
+    replies = [(p, until_stop(known[tuple(p)], stop)) for p in prompts]
     path.parent.mkdir(parents=True, exist_ok=True)
     write_whole(path, lambda tmp: tmp.write_text(json.dumps(replies)))
     return replies
+
+
+def until_stop(reply: list[int], stop_ids: frozenset[int]) -> list[int]:
+    """The reply up to its first stop id, included. Past it, a reply decoded on to
+    max_tokens held what a server never asks a head for (a tenth of the 0.5B's answers'
+    tokens), which the head was trained and measured on."""
+    for i, t in enumerate(reply):
+        if t in stop_ids:
+            return reply[: i + 1]
+    return reply
 
 
 def _answers_path(model: str, questions: list[str], max_tokens: int, seed: int) -> Path:

@@ -3,7 +3,11 @@ and the standard library's source as training text."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
 
 from specserve.bench import head_data, train_head
 
@@ -59,3 +63,18 @@ def test_train_head_takes_the_stdlib_cap_from_its_flag() -> None:
     train_head.add_args(p)
     assert p.parse_args(["--model", "m"]).stdlib_tokens == head_data.STDLIB_TOKENS
     assert p.parse_args(["--model", "m", "--stdlib-tokens", "5000"]).stdlib_tokens == 5000
+
+
+def test_a_reply_ends_at_its_first_end_of_turn_even_in_a_file_cached_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file written before replies stopped there holds them decoded on to max_tokens."""
+    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path))
+    assert head_data.until_stop([5, 6, 2, 7, 9, 8], frozenset({2, 9})) == [5, 6, 2]
+    assert head_data.until_stop([5, 6], frozenset({2})) == [5, 6]
+    path = head_data._answers_path("m", head_data.asks(2, 0), 8, 0)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps([[[1], [4, 2, 5, 5]], [[3], [4, 4]]]))
+    loaded = SimpleNamespace(tokenizer=SimpleNamespace(eog_ids=frozenset({2})))
+    got = head_data.cached_answers(loaded, "m", 2, 8, 0)  # type: ignore[arg-type]
+    assert got == [([1], [4, 2]), ([3], [4, 4])]

@@ -272,13 +272,16 @@ def test_answers_are_made_once_and_read_back(  # noqa: ANN201
     made = []
 
     class Chat:  # a prompt's ids spell its message
+        eog_ids = frozenset({1})
+
         def chat(self, messages: list[dict[str, str]]) -> list[int]:
             return [ord(c) for c in messages[0]["content"]]
 
     def reply(prompt: list[int]) -> list[int]:
         return [len(prompt), *prompt[-4:]]
 
-    def fake(loaded, prompts, max_tokens):  # noqa: ANN001, ANN202
+    def fake(loaded, prompts, max_tokens, stop_ids):  # noqa: ANN001, ANN202
+        assert stop_ids == Chat.eog_ids
         made.append(len(prompts))
         return [(p, reply(p)) for p in prompts]
 
