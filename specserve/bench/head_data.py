@@ -109,9 +109,8 @@ def cached_answers(
 
 
 def until_stop(reply: list[int], stop_ids: frozenset[int]) -> list[int]:
-    """The reply up to its first stop id, included. Past it, a reply decoded on to
-    max_tokens held what a server never asks a head for (a tenth of the 0.5B's answers'
-    tokens), which the head was trained and measured on."""
+    """The reply up to its first stop id, included: past it, a reply decoded on to
+    max_tokens holds text a server never asks a head to draft."""
     for i, t in enumerate(reply):
         if t in stop_ids:
             return reply[: i + 1]
