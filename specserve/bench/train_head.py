@@ -82,7 +82,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
         default=900,
         help="self-distilled answers to make (the held-out set is cut from them)",
     )
-    p.add_argument("--answer-tokens", type=int, default=256, help="tokens per answer")
+    p.add_argument(
+        "--answer-tokens",
+        type=int,
+        default=256,
+        help="tokens per answer at most (an answer ends at the model's end of turn)",
+    )
     p.add_argument("--seq-len", type=int, default=256, help="tokens per training sequence")
     p.add_argument(
         "--steps",
