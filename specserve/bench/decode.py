@@ -48,6 +48,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="timed prefills, decode passes and forwards per k (medians are reported)",
     )
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu or cuda (default cpu; on cuda the variants take float weights only)",
+    )
     p.add_argument("--json-out", type=Path, default=None, help="also write the rows as JSON")
     p.add_argument(
         "--llama-bench",
@@ -75,9 +80,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _timed(fn) -> float:  # noqa: ANN001
+def _timed(runner: ModelRunner, fn) -> float:  # noqa: ANN001
+    runner.sync()
     t0 = time.perf_counter()
     fn()
+    runner.sync()
     return time.perf_counter() - t0
 
 
@@ -94,7 +101,7 @@ def measure(runner: ModelRunner, prompt_len: int, decode_len: int, repeats: int)
     prefills = []
     for _ in range(repeats):
         mem.free(0)
-        prefills.append(_timed(lambda: runner.prefill(0, prompt)))
+        prefills.append(_timed(runner, lambda: runner.prefill(0, prompt)))
     t_prefill = statistics.median(prefills)
 
     # the median of `repeats` passes from the same context, as llama-bench takes its median
@@ -112,7 +119,7 @@ def measure(runner: ModelRunner, prompt_len: int, decode_len: int, repeats: int)
     for r in range(repeats + 1):
         for k in KS if r % 2 == 0 else KS[::-1]:
             mem.commit(0, base)
-            t = _timed(lambda k=k: runner.forward([SlotInput(0, prompt[:k], k)]))
+            t = _timed(runner, lambda k=k: runner.forward([SlotInput(0, prompt[:k], k)]))
             if r:
                 times[k].append(t)
     cost = {k: statistics.median(ts) for k, ts in times.items()}
@@ -140,7 +147,7 @@ def decode_pass(runner: ModelRunner, start: int, last: int, n: int) -> float:
             (lg,) = runner.forward([SlotInput(0, [last])])
             last = int(lg[-1].argmax())
 
-    return _timed(run)
+    return _timed(runner, run)
 
 
 def main(args: argparse.Namespace) -> None:
@@ -161,6 +168,7 @@ def main(args: argparse.Namespace) -> None:
             loaded = load_model(
                 name,
                 dtype,
+                device=args.device,
                 with_tokenizer=False,
                 progress=True,
                 weights="dequant" if weights in ("", "unpacked") else weights,

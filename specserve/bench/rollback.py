@@ -118,8 +118,7 @@ def timed_step(runner: ModelRunner, step: Step) -> float:
     t0 = time.perf_counter()
     runner.forward([SlotInput(0, step.tokens, len(step.tokens), verify=True)])
     runner.commit({0: start + step.kept})
-    if runner.device.type == "cuda":
-        torch.cuda.synchronize(runner.device)
+    runner.sync()
     return time.perf_counter() - t0
 
 

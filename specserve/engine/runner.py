@@ -174,7 +174,7 @@ class ModelRunner:
         if replay:
             t0 = time.perf_counter()
             self.forward(replay)
-            self._sync()
+            self.sync()
             n = sum(len(w.tokens) for w in replay)
             self.policy.observe_replay(n, time.perf_counter() - t0)
         for slot, n_keep in keeps.items():
@@ -261,7 +261,8 @@ class ModelRunner:
             log.keep(max(0, n_keep - log.first))
 
     # timing forwards on slot 0 before serving (rollback's `auto`, the draft cost model) -------
-    def _sync(self) -> None:
+    def sync(self) -> None:
+        """Wait for the device's queued work: a GPU forward returns before it has run."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
@@ -272,7 +273,7 @@ class ModelRunner:
             self.memory.free(0)
             t0 = time.perf_counter()
             self.forward(work)
-            self._sync()
+            self.sync()
             best = min(best, time.perf_counter() - t0)
         return best
 
@@ -303,7 +304,7 @@ class ModelRunner:
         self._verified.clear()
         t0 = time.perf_counter()
         self.memory.checkpoint(0)
-        self._sync()
+        self.sync()
         c = self.policy.costs
         c.checkpoint = time.perf_counter() - t0
         c.per_token = max(0.0, (plain - one) / (k - 1))

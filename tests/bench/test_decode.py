@@ -11,12 +11,13 @@ from specserve.bench.decode import KS, measure
 from specserve.cli import build_parser
 from specserve.engine.runner import ModelRunner
 from specserve.loading.model import load_model
-from tests.tiny import write_hf_folder
+from tests.tiny import device_under_test, write_hf_folder
 
 
 def test_measure_gives_every_column(tmp_path: Path) -> None:
     write_hf_folder("qwen2", tmp_path)
-    runner = ModelRunner(load_model(tmp_path, "float32").model, num_slots=1, max_len=64)
+    model = load_model(tmp_path, "float32", device=device_under_test()).model
+    runner = ModelRunner(model, num_slots=1, max_len=64)
     row = measure(runner, prompt_len=20, decode_len=3, repeats=2)
     assert row["prefill_tok_s"] > 0 and row["decode_tok_s"] > 0 and row["ms_k1"] > 0
     assert row["k=1"] == 1.0
@@ -24,6 +25,11 @@ def test_measure_gives_every_column(tmp_path: Path) -> None:
     # both decode passes started from the prompt's end, and the last k-token forward from the
     # end of one pass: the context holds the prompt, one pass and that forward
     assert runner.memory.length(0) == 20 + 3 + max(KS)
+
+
+def test_device_flag() -> None:
+    assert build_parser().parse_args(["bench", "decode"]).device == "cpu"
+    assert build_parser().parse_args(["bench", "decode", "--device", "cuda"]).device == "cuda"
 
 
 def test_llama_bench_flag(tmp_path: Path) -> None:
