@@ -46,21 +46,19 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specserve.bench.report import Column, format_table, interleaved
+from specserve.bench.report import Column, format_table
 from specserve.bench.spec_report import (
     COLUMNS,
     NONE,
+    SHARED,
     Run,
-    drafters,
-    ledgers,
     make_row,
-    progress_line,
     write_outputs,
 )
+from specserve.bench.spec_rounds import Started, Warm, rounds
 from specserve.bench.spec_workloads import (
     GRAMMARS,
     WORKLOADS,
@@ -90,9 +88,6 @@ CONFIGS = (
 )
 # no speculator: only the tokens a grammar forces are drafted
 FORCED = "forced"
-# `shared:CHAIN`: CHAIN whose speculators first learn the reference's output, as a replica
-# told of another replica's answer to the same request (--share-outputs) would have
-SHARED = "shared:"
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -170,6 +165,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
         default=120.0,
         help="a configuration with eagle3 for a model whose head is not in the cache trains "
         "one first (`specserve train-head`, this budget; a stopped run resumes); 0: refuse",
+    )
+    p.add_argument(
+        "--lockstep",
+        action="store_true",
+        help="run a round's configurations side by side, one engine step of each in turn "
+        "(each timed by its own steps), not one after the other: the VM's drifting speed "
+        "then moves a round's ratios far less",
     )
     p.add_argument("--out", type=Path, default=None, help="write spec.json and spec.png here")
 
@@ -249,6 +251,23 @@ class Session:
     ) -> Run:
         """Greedy generation with a fresh engine over the already loaded weights; `learned`:
         an output its speculators take in first, as one shared by another replica."""
+        started = self.start(model, config, prompt, max_tokens, prediction, grammar, learned)
+        t0 = time.perf_counter()
+        started.engine.generate([started.req])
+        seconds = time.perf_counter() - t0
+        return started.run(float(started.req.timings.as_dict()["predicted_per_second"]), seconds)
+
+    def start(
+        self,
+        model: str,
+        config: str,
+        prompt: list[int],
+        max_tokens: int | None = None,
+        prediction: list[int] | None = None,
+        grammar: Grammar | None = None,
+        learned: list[int] | None = None,
+    ) -> Started:
+        """`generate`'s engine and request, the request not yet added."""
         from specserve.engine.request import Request, SpecParams
         from specserve.engine.sampling import SamplingParams
         from specserve.engine.setup import EngineSettings, build_engine
@@ -279,13 +298,7 @@ class Session:
         req.prediction = prediction or []
         if grammar is not None:
             req.constraint = build_constraint(tok, self.load(model).cfg.vocab_size, grammar)
-        t0 = time.perf_counter()
-        engine.generate([req])
-        seconds = time.perf_counter() - t0
-        tok_s = float(req.timings.as_dict()["predicted_per_second"])
-        drafting = engine.speculator
-        stats = drafting.stats.as_dict() if drafting else None
-        return Run(list(req.output), tok_s, seconds, stats, ledgers(drafting), drafters(drafting))
+        return Started(engine, req)
 
 
 def configs_for(model: str, args: argparse.Namespace) -> list[str]:
@@ -310,7 +323,7 @@ def main(args: argparse.Namespace) -> None:
             ref = session.reference(model, workload)
             configs = configs_for(model, args)
             warm = Warm(args.warm_rounds, args.warm_seconds)
-            runs = rounds(session, model, workload, configs, ref, args.repeats, warm)
+            runs = rounds(session, model, workload, configs, ref, args.repeats, warm, args.lockstep)
             if workload in GRAMMARS:
                 print(compile_line(session, model, GRAMMARS[workload]), flush=True)
             base = runs.get(args.versus) if args.versus else None
@@ -342,61 +355,6 @@ def own_heads(args: argparse.Namespace) -> None:
         minutes = f"{args.head_minutes:g} minutes"
         print(f"no EAGLE-3 head for {model} in the cache: train-head, {minutes}", flush=True)
         train_head.train_own_head(model, args.head_minutes)
-
-
-@dataclass(frozen=True)
-class Warm:
-    """Untimed rounds before the timed ones: at least `rounds`, and more until `seconds`
-    have passed since a model was last loaded."""
-
-    rounds: int = 0
-    seconds: float = 0.0
-
-
-def rounds(
-    session: Session,
-    model: str,
-    workload: str,
-    configs: list[str],
-    ref: Run,
-    repeats: int,
-    warm: Warm = Warm(),
-) -> dict[str, list[Run]]:
-    """Each configuration's runs, in rounds of every configuration in turn, odd ones
-    reversed, so slow spells on a shared machine hit all of them alike; ratios are taken
-    within a round. Untimed rounds go first (`warm`), as the first runs after a load or a
-    new prompt went at another pace than the rest (docs/perf/2026-11-30-warm-rounds.md):
-    the reference run warms `none`, those rounds the others. Without them, the first
-    round's `none` is the reference run."""
-    runs: dict[str, list[Run]] = {c: [] for c in configs}
-    prompt = session.prompt(model, workload)
-    predicted = session.prediction(model, workload)
-
-    def run(config: str, timed: bool) -> Run:
-        out = session.generate(
-            model,
-            config,
-            prompt,
-            prediction=predicted,
-            grammar=GRAMMARS.get(workload),
-            learned=ref.tokens if config.startswith(SHARED) else None,
-        )
-        print(progress_line(model, workload, config, out, timed), flush=True)
-        return out
-
-    speculating = [c for c in configs if c != NONE]
-    warmed = 0
-    while speculating and (warmed < warm.rounds or session.since_load() < warm.seconds):
-        for config in speculating if warmed % 2 == 0 else speculating[::-1]:
-            run(config, timed=False)
-        warmed += 1
-    for i, config in enumerate(interleaved(configs, repeats)):
-        if i == 0 and config == NONE and not warmed:
-            runs[config].append(ref)
-            print(progress_line(model, workload, config, ref), flush=True)
-        else:
-            runs[config].append(run(config, timed=True))
-    return runs
 
 
 def compile_line(session: Session, model: str, grammar: Grammar) -> str:

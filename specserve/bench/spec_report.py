@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     from specserve.speculative.base import Speculator
 
 NONE = "none"
+# `shared:CHAIN`: CHAIN whose speculators first learn the reference's output, as a replica
+# told of another replica's answer to the same request (--share-outputs) would have
+SHARED = "shared:"
 
 COLUMNS = (
     Column("model", "model"),

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from specserve.bench.spec import CONFIGS, Warm, configs_for, main, own_heads, rounds
+from specserve.bench.spec import CONFIGS, configs_for, main, own_heads
 from specserve.bench.spec_report import Run, first_difference, histogram, make_row, paired
+from specserve.bench.spec_rounds import Warm, rounds
 from specserve.cli import build_parser
 from specserve.errors import SpecserveError
 

@@ -1,0 +1,164 @@
+"""`bench spec`'s rounds: every configuration in turn, or side by side (`--lockstep`).
+
+Run one after the other, a round's configurations are 10-20 s apart on this project's
+machine, and a VM's memory speed moves within that: a round's ratio of two configurations
+spread 0.94-1.16 where the difference between them was about 1 %. Here every configuration
+has its own engine over the same loaded weights, and the engines take one step each in
+turn, the order reversed every other step, so each configuration's steps sit among every
+other's within tens of milliseconds; each is timed by its own steps alone.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from specserve.bench.report import interleaved
+from specserve.bench.spec_report import NONE, SHARED, Run, drafters, ledgers, progress_line
+from specserve.bench.spec_workloads import GRAMMARS
+
+if TYPE_CHECKING:
+    from specserve.engine.engine import Engine
+    from specserve.engine.request import Request
+    from specserve.grammar.formats import Grammar
+
+
+@dataclass
+class Started:
+    """A configuration's engine with its request, not yet added."""
+
+    engine: Engine
+    req: Request
+
+    def run(self, tok_s: float, seconds: float) -> Run:
+        """What the request generated, at `tok_s`, in `seconds`."""
+        drafting = self.engine.speculator
+        stats = drafting.stats.as_dict() if drafting else None
+        tokens = list(self.req.output)
+        return Run(tokens, tok_s, seconds, stats, ledgers(drafting), drafters(drafting))
+
+
+class RunSource(Protocol):
+    """What the rounds need of a benchmark session (spec.py `Session`)."""
+
+    def prompt(self, model: str, workload: str) -> list[int]: ...
+
+    def prediction(self, model: str, workload: str) -> list[int]: ...
+
+    def generate(
+        self,
+        model: str,
+        config: str,
+        prompt: list[int],
+        max_tokens: int | None = None,
+        prediction: list[int] | None = None,
+        grammar: Grammar | None = None,
+        learned: list[int] | None = None,
+    ) -> Run: ...
+
+    def start(
+        self,
+        model: str,
+        config: str,
+        prompt: list[int],
+        max_tokens: int | None = None,
+        prediction: list[int] | None = None,
+        grammar: Grammar | None = None,
+        learned: list[int] | None = None,
+    ) -> Started: ...
+
+    def since_load(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class Warm:
+    """Untimed rounds before the timed ones: at least `rounds`, and more until `seconds`
+    have passed since a model was last loaded."""
+
+    rounds: int = 0
+    seconds: float = 0.0
+
+
+def rounds(
+    session: RunSource,
+    model: str,
+    workload: str,
+    configs: list[str],
+    ref: Run,
+    repeats: int,
+    warm: Warm = Warm(),
+    together: bool = False,
+) -> dict[str, list[Run]]:
+    """Each configuration's runs, in rounds of every configuration in turn, odd ones
+    reversed, so slow spells on a shared machine hit all of them alike; ratios are taken
+    within a round. `together`: a round's configurations run side by side instead
+    (`lockstep`). Untimed rounds go first (`warm`), as the first runs after a load or a
+    new prompt went at another pace than the rest (docs/perf/2026-11-30-warm-rounds.md):
+    the reference run warms `none`, those rounds the others. Without them, the first
+    round's `none` is the reference run (when not together)."""
+    runs: dict[str, list[Run]] = {c: [] for c in configs}
+    prompt = session.prompt(model, workload)
+    kw: dict[str, Any] = {
+        "prediction": session.prediction(model, workload),
+        "grammar": GRAMMARS.get(workload),
+    }
+
+    def run(names: list[str], timed: bool) -> dict[str, Run]:
+        learned = {c: ref.tokens if c.startswith(SHARED) else None for c in names}
+        out: dict[str, Run] = {}
+        if together:
+            out = lockstep(
+                {c: session.start(model, c, prompt, learned=learned[c], **kw) for c in names}
+            )
+        for c in names:
+            if c not in out:
+                out[c] = session.generate(model, c, prompt, learned=learned[c], **kw)
+            print(progress_line(model, workload, c, out[c], timed), flush=True)
+        return out
+
+    speculating = [c for c in configs if c != NONE]
+    warmed = 0
+    while speculating and (warmed < warm.rounds or session.since_load() < warm.seconds):
+        run(speculating if warmed % 2 == 0 else speculating[::-1], timed=False)
+        warmed += 1
+    if together:
+        for _ in range(repeats):
+            for config, out in run(configs, timed=True).items():
+                runs[config].append(out)
+        return runs
+    for i, config in enumerate(interleaved(configs, repeats)):
+        if i == 0 and config == NONE and not warmed:
+            runs[config].append(ref)
+            print(progress_line(model, workload, config, ref), flush=True)
+        else:
+            runs[config].append(run([config], timed=True)[config])
+    return runs
+
+
+def lockstep(started: dict[str, Started]) -> dict[str, Run]:
+    """Every request to its end, one engine step of each in turn. A run's tok/s counts,
+    as a lone run's does (`Timings`), the tokens after its first over the steps after the
+    one that gave it."""
+    decode = dict.fromkeys(started, 0.0)
+    total = dict.fromkeys(started, 0.0)
+    for s in started.values():
+        s.engine.add_request(s.req)
+    live, turn = list(started), 0
+    while live:
+        for name in live if turn % 2 == 0 else live[::-1]:
+            s = started[name]
+            decoding = len(s.req.output) > 0
+            t0 = time.perf_counter()
+            s.engine.step()
+            took = time.perf_counter() - t0
+            total[name] += took
+            decode[name] += took if decoding else 0.0
+        live = [n for n in live if started[n].engine.has_work()]
+        turn += 1
+    return {n: s.run(_tok_s(s.req, decode[n]), total[n]) for n, s in started.items()}
+
+
+def _tok_s(req: Request, seconds: float) -> float:
+    n = len(req.output)
+    return (n - 1) / seconds if n > 1 and seconds > 0 else 0.0

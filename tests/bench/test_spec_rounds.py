@@ -1,0 +1,87 @@
+"""`bench spec --lockstep`: a round's configurations decode side by side, one engine step of
+each in turn, each timed by its own steps, and generate what each would alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from specserve.bench.spec_rounds import Started, lockstep
+from specserve.cli import build_parser
+from specserve.engine.request import Request, SpecParams
+from specserve.engine.sampling import SamplingParams
+from specserve.engine.setup import EngineSettings, build_engine
+from specserve.loading.model import load_model
+from tests.tiny import write_hf_folder
+
+PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 3, 1, 4, 1, 5]
+
+
+def _started(folder: Path, types: tuple[str, ...], target, n: int) -> Started:  # noqa: ANN001
+    s = EngineSettings(str(folder), "float32", ctx_size=96, spec_types=types)
+    engine, _ = build_engine(s, target=target, progress=False)
+    params = SamplingParams(temperature=0.0, max_tokens=n)
+    return Started(engine, Request(PROMPT, params, SpecParams(n_max=8 if types else 0)))
+
+
+def test_side_by_side_engines_generate_what_each_would_alone(tmp_path: Path) -> None:
+    write_hf_folder("qwen2", tmp_path, seed=3)
+    target = load_model(tmp_path, "float32", with_tokenizer=False)
+    configs = {"none": (), "chain": ("ngram-map-k", "suffix")}
+    alone = {}
+    for name, types in configs.items():
+        s = _started(tmp_path, types, target, 40)
+        s.engine.generate([s.req])
+        alone[name] = list(s.req.output)
+    runs = lockstep({n: _started(tmp_path, t, target, 40) for n, t in configs.items()})
+    assert {n: r.tokens for n, r in runs.items()} == alone
+    assert len(alone["none"]) == 40
+    for name, r in runs.items():
+        assert r.tok_s > 0 and 39 / r.tok_s <= r.seconds, name  # decode within its own time
+    assert runs["none"].stats is None and runs["chain"].drafts > 0
+
+
+@dataclass
+class _Engine:
+    """Steps as a log entry; the first step gives one token, every later one `per_step`."""
+
+    name: str
+    steps: int
+    log: list[str]
+    per_step: int = 1
+    speculator: None = None
+    req: Request | None = field(default=None)
+
+    def add_request(self, req: Request) -> None:
+        self.req = req
+
+    def step(self) -> None:
+        assert self.req is not None
+        self.log.append(self.name)
+        self.steps -= 1
+        self.req.output.extend([7] * (1 if not self.req.output else self.per_step))
+
+    def has_work(self) -> bool:
+        return self.steps > 0
+
+
+def test_steps_take_turns_reversed_every_other_and_a_finished_engine_drops_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log: list[str] = []
+    clock = iter(float(t) for t in range(1000))  # each step takes one second
+    monkeypatch.setattr("specserve.bench.spec_rounds.time.perf_counter", lambda: next(clock))
+    engines = {"a": _Engine("a", 4, log), "b": _Engine("b", 2, log, per_step=3)}
+    runs = lockstep({n: Started(e, Request([1], SamplingParams())) for n, e in engines.items()})  # type: ignore[arg-type]
+    assert log == ["a", "b", "b", "a", "a", "a"]
+    # the first step (the prompt's) is not decoding: a's 3 later tokens in 3 s, b's 3 in 1 s
+    assert runs["a"].tok_s == pytest.approx(1.0) and runs["a"].seconds == pytest.approx(4.0)
+    assert runs["b"].tok_s == pytest.approx(3.0) and runs["b"].seconds == pytest.approx(2.0)
+    assert runs["a"].tokens == [7] * 4 and runs["b"].tokens == [7] * 4
+
+
+def test_lockstep_flag() -> None:
+    assert not build_parser().parse_args(["bench", "spec"]).lockstep
+    assert build_parser().parse_args(["bench", "spec", "--lockstep"]).lockstep
