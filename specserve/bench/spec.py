@@ -58,7 +58,7 @@ from specserve.bench.spec_report import (
     make_row,
     write_outputs,
 )
-from specserve.bench.spec_rounds import Started, Warm, rounds
+from specserve.bench.spec_rounds import Started, Warm, alone, rounds
 from specserve.bench.spec_workloads import (
     GRAMMARS,
     WORKLOADS,
@@ -203,7 +203,7 @@ class Session:
     def _warm_up(self, name: str) -> None:
         """One short generation, so the first timed run pays no one-time costs."""
         tok = self.tokenizer(name)
-        self.generate(name, NONE, tok.chat([{"role": "user", "content": "Hi"}]), max_tokens=4)
+        alone(self.start(name, NONE, tok.chat([{"role": "user", "content": "Hi"}]), max_tokens=4))
 
     def since_load(self) -> float:
         """Seconds since a model was last loaded."""
@@ -236,26 +236,8 @@ class Session:
         key = (model, workload)
         if key not in self.plain:
             prompt = self.prompt(model, workload)
-            self.plain[key] = self.generate(model, NONE, prompt, grammar=GRAMMARS.get(workload))
+            self.plain[key] = alone(self.start(model, NONE, prompt, grammar=GRAMMARS.get(workload)))
         return self.plain[key]
-
-    def generate(
-        self,
-        model: str,
-        config: str,
-        prompt: list[int],
-        max_tokens: int | None = None,
-        prediction: list[int] | None = None,
-        grammar: Grammar | None = None,
-        learned: list[int] | None = None,
-    ) -> Run:
-        """Greedy generation with a fresh engine over the already loaded weights; `learned`:
-        an output its speculators take in first, as one shared by another replica."""
-        started = self.start(model, config, prompt, max_tokens, prediction, grammar, learned)
-        t0 = time.perf_counter()
-        started.engine.generate([started.req])
-        seconds = time.perf_counter() - t0
-        return started.run(float(started.req.timings.as_dict()["predicted_per_second"]), seconds)
 
     def start(
         self,
@@ -267,7 +249,9 @@ class Session:
         grammar: Grammar | None = None,
         learned: list[int] | None = None,
     ) -> Started:
-        """`generate`'s engine and request, the request not yet added."""
+        """A greedy generation's fresh engine over the already loaded weights, and its
+        request, not yet added; `learned`: an output its speculators take in first, as one
+        shared by another replica. `alone` runs it to its end."""
         from specserve.engine.request import Request, SpecParams
         from specserve.engine.sampling import SamplingParams
         from specserve.engine.setup import EngineSettings, build_engine

@@ -8,8 +8,10 @@ import pytest
 
 from specserve.bench.spec import CONFIGS, configs_for, main, own_heads
 from specserve.bench.spec_report import Run, first_difference, histogram, make_row, paired
-from specserve.bench.spec_rounds import Warm, rounds
+from specserve.bench.spec_rounds import Started, Warm, rounds
 from specserve.cli import build_parser
+from specserve.engine.request import Request
+from specserve.engine.sampling import SamplingParams
 from specserve.errors import SpecserveError
 
 
@@ -89,13 +91,35 @@ class _Rounds:
     def prediction(self, model: str, workload: str) -> list[int]:
         return []
 
-    def generate(self, model: str, config: str, prompt: list[int], **_: object) -> Run:
-        self.order.append(config)
-        self.clock += 10.0
-        return _runs(1.0)[0]
-
     def since_load(self) -> float:
         return self.clock
+
+    def start(self, model: str, config: str, prompt: list[int], **_: object) -> Started:
+        return Started(_Generating(self, config), Request(prompt, SamplingParams()))  # type: ignore[arg-type]
+
+
+class _Generating:
+    """An engine whose run is logged in its session's order and takes 10 s of its clock."""
+
+    speculator = None
+
+    def __init__(self, session: _Rounds, config: str) -> None:
+        self.session, self.config = session, config
+
+    def generate(self, requests: list[Request]) -> None:
+        self.session.order.append(self.config)
+        self.session.clock += 10.0
+        requests[0].output.extend([1, 2])
+
+    # lockstep's engine: the whole run is one step
+    def add_request(self, req: Request) -> None:
+        self.req = req
+
+    def step(self) -> None:
+        self.generate([self.req])
+
+    def has_work(self) -> bool:
+        return not self.req.output
 
 
 def test_rounds_alternate_their_order_and_reuse_the_reference() -> None:
@@ -118,6 +142,13 @@ def test_warm_rounds_go_first_and_are_not_counted(warm: Warm, warmed: int) -> No
         *["none", "a", "b", "b", "a", "none"],
     ]
     assert runs["none"][0] is not ref and [len(r) for r in runs.values()] == [2, 2, 2]
+
+
+def test_rounds_together_run_every_configuration_each_round_and_time_them_all() -> None:
+    session, ref = _Rounds(), _runs(1.0)[0]
+    runs = rounds(session, "m", "w", ["none", "a", "b"], ref, 2, Warm(1), together=True)  # type: ignore[arg-type]
+    assert session.order == ["a", "b", "none", "a", "b", "none", "a", "b"]
+    assert all(r is not ref for r in runs["none"]) and [len(r) for r in runs.values()] == [2, 2, 2]
 
 
 def test_versus_must_be_a_benchmarked_configuration() -> None:
