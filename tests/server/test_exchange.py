@@ -78,18 +78,19 @@ def test_bench_spec_shared_config_learns_the_reference(tiny_folder: Path) -> Non
     """`bench spec --spec-types shared:CHAIN`: the chain is told the reference's output
     first; its run stays exact and drafts it; a chain that learns nothing is refused."""
     from specserve.bench.spec import Session
+    from specserve.bench.spec_rounds import alone
     from specserve.cli import build_parser
 
     model = str(tiny_folder)
     argv = ["bench", "spec", "--models", model, "--dtype", "float64", "--weights", "dequant"]
     session = Session(build_parser().parse_args([*argv, "--max-tokens", "64"]))
     prompt = session.prompt(model, "prose")
-    ref = session.generate(model, "none", prompt)
-    told = session.generate(model, "shared:suffix", prompt, learned=ref.tokens)
-    fresh = session.generate(model, "suffix", prompt)
+    ref = alone(session.start(model, "none", prompt))
+    told = alone(session.start(model, "shared:suffix", prompt, learned=ref.tokens))
+    fresh = alone(session.start(model, "suffix", prompt))
     assert told.tokens == ref.tokens == fresh.tokens
     assert told.stats is not None and fresh.stats is not None
     assert told.stats["tokens_accepted"] >= 0.75 * len(ref.tokens)  # type: ignore[operator]
     assert told.stats["tokens_accepted"] > fresh.stats["tokens_accepted"]  # type: ignore[operator]
     with pytest.raises(SpecserveError, match="learns"):
-        session.generate(model, "shared:ngram-map-k", prompt, learned=ref.tokens)
+        session.start(model, "shared:ngram-map-k", prompt, learned=ref.tokens)
