@@ -93,16 +93,15 @@ def rounds(
         "grammar": GRAMMARS.get(workload),
     }
 
+    def start(config: str) -> Started:
+        learned = ref.tokens if config.startswith(SHARED) else None
+        return session.start(model, config, prompt, learned=learned, **kw)
+
     def run(names: list[str], timed: bool) -> dict[str, Run]:
-        learned = {c: ref.tokens if c.startswith(SHARED) else None for c in names}
-        out: dict[str, Run] = {}
-        if together:
-            out = lockstep(
-                {c: session.start(model, c, prompt, learned=learned[c], **kw) for c in names}
-            )
+        out = lockstep({c: start(c) for c in names}) if together else {}
         for c in names:
-            if c not in out:
-                out[c] = alone(session.start(model, c, prompt, learned=learned[c], **kw))
+            if not together:  # each printed as it ends, not after the round
+                out[c] = alone(start(c))
             print(progress_line(model, workload, c, out[c], timed), flush=True)
         return out
 
