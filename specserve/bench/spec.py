@@ -73,6 +73,7 @@ from specserve.models.layers.quant import WEIGHT_MODES
 if TYPE_CHECKING:
     from specserve.loading.model import LoadedModel
     from specserve.loading.tokenizer import Tokenizer
+    from specserve.speculative.cost import ForwardCost
 
 CONFIGS = (
     "ngram-simple",
@@ -248,10 +249,12 @@ class Session:
         prediction: list[int] | None = None,
         grammar: Grammar | None = None,
         learned: list[int] | None = None,
+        cost: ForwardCost | None = None,
     ) -> Started:
         """A greedy generation's fresh engine over the already loaded weights, and its
         request, not yet added; `learned`: an output its speculators take in first, as one
-        shared by another replica. `alone` runs it to its end."""
+        shared by another replica; `cost`: row costs shared with other engines (lockstep).
+        `alone` runs it to its end."""
         from specserve.engine.request import Request, SpecParams
         from specserve.engine.sampling import SamplingParams
         from specserve.engine.setup import EngineSettings, build_engine
@@ -272,7 +275,7 @@ class Session:
             draft_model=a.draft_model if "draft" in types else None,
         )
         draft = self.load(a.draft_model, draft=True) if "draft" in types else None
-        engine, _ = build_engine(settings, target=self.load(model), draft=draft)
+        engine, _ = build_engine(settings, target=self.load(model), draft=draft, cost=cost)
         if learned and not (engine.speculator and engine.speculator.learn(learned)):
             raise SpecserveError(f"{config}: none of its speculators learns shared outputs")
         params = SamplingParams(temperature=0.0, max_tokens=n)

@@ -5,7 +5,10 @@ machine, and a VM's memory speed moves within that: a round's ratio of two confi
 spread 0.94-1.16 where the difference between them was about 1 %. Here every configuration
 has its own engine over the same loaded weights, and the engines take one step each in
 turn, the order reversed every other step, so each configuration's steps sit among every
-other's within tens of milliseconds; each is timed by its own steps alone.
+other's within tens of milliseconds; each is timed by its own steps alone. The engines of
+a round time their forwards into one `ForwardCost`: timed each by its own, two engines of
+the same configuration priced rows apart, cut their drafts apart and took paths through the
+answer up to 6 % apart a round (docs/perf/2026-12-01-lockstep.md).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from specserve.bench.report import interleaved
 from specserve.bench.spec_report import NONE, SHARED, Run, drafters, ledgers, progress_line
 from specserve.bench.spec_workloads import GRAMMARS
+from specserve.speculative.cost import ForwardCost
 
 if TYPE_CHECKING:
     from specserve.engine.engine import Engine
@@ -55,6 +59,7 @@ class RunSource(Protocol):
         prediction: list[int] | None = None,
         grammar: Grammar | None = None,
         learned: list[int] | None = None,
+        cost: ForwardCost | None = None,
     ) -> Started: ...
 
     def since_load(self) -> float: ...
@@ -93,12 +98,13 @@ def rounds(
         "grammar": GRAMMARS.get(workload),
     }
 
-    def start(config: str) -> Started:
+    def start(config: str, cost: ForwardCost | None = None) -> Started:
         learned = ref.tokens if config.startswith(SHARED) else None
-        return session.start(model, config, prompt, learned=learned, **kw)
+        return session.start(model, config, prompt, learned=learned, cost=cost, **kw)
 
     def run(names: list[str], timed: bool) -> dict[str, Run]:
-        out = lockstep({c: start(c) for c in names}) if together else {}
+        shared = ForwardCost()  # one per round: see the module's doc
+        out = lockstep({c: start(c, shared) for c in names}) if together else {}
         for c in names:
             if not together:  # each printed as it ends, not after the round
                 out[c] = alone(start(c))

@@ -106,11 +106,14 @@ def build_engine(
     target: LoadedModel | None = None,
     progress: bool = True,
     draft: LoadedModel | None = None,
+    cost: ForwardCost | None = None,
 ) -> tuple[Engine, LoadedModel]:
     """The engine the settings describe, and the loaded target (loaded here unless given).
 
     draft: the draft model, already loaded (benchmarks build many engines over the same
     weights); loaded from `s.draft_model` when the settings need one and it is not given.
+    cost: the row costs to time forwards into, shared with other engines over the same
+    weights (`bench spec --lockstep`); the engine's own unless given.
     """
     target = target or load(s, s.model, progress)
     ctx = s.ctx_size or min(target.cfg.context_length, 4096)
@@ -125,7 +128,7 @@ def build_engine(
     )
     speculator = _speculator(s, target, runner, progress, draft)
     # drafts are cut to what verifying them costs on this machine, as measured while serving
-    cost = ForwardCost(measure=True)
+    cost = cost if cost is not None else ForwardCost(measure=True)
     engine = Engine(runner, speculator, cost=cost, threads=_threads(s), prompt_cache=s.cache_prompt)
     if speculator is not None:
         cost.seed(runner.time_rows, [n for n in SEED_ROWS if n <= ctx])

@@ -68,6 +68,7 @@ class ForwardCost:
         self._forwards = 0
         self._speed = 0.0  # seconds per unit of the stored timings, now (0: none yet)
         self._pace: deque[float] = deque(maxlen=PACE)  # recent forwards' own speeds
+        self._seeded = False
 
     def record(self, rows: int, seconds: float) -> None:
         if not (self.measure and rows > 0 and seconds > 0):
@@ -87,9 +88,11 @@ class ForwardCost:
         turn so that a drift of the machine's speed meets them all alike; `time_rows(n)`
         runs one forward of n rows and returns its seconds. The first, cold forward is not
         kept. Live timings of a common row count soon push these out (KEEP); a rare one's
-        (the plain step, under drafts) keep them until HORIZON forwards have passed."""
-        if not (self.measure and rows):
+        (the plain step, under drafts) keep them until HORIZON forwards have passed. Engines
+        sharing one cost (`bench spec --lockstep`) seed it once."""
+        if not (self.measure and rows) or self._seeded:
             return
+        self._seeded = True
         time_rows(rows[0])
         for _ in range(MIN_SAMPLES):
             for n in rows:

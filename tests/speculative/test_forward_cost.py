@@ -78,6 +78,8 @@ def test_seeded_timings_price_rows_before_serving_and_stay_where_rare() -> None:
     cost = ForwardCost()
     cost.seed(time_rows, (1, 2, 3, 5, 9))
     assert calls == [1] + [1, 2, 3, 5, 9] * MIN_SAMPLES  # in turn; the cold one not kept
+    cost.seed(time_rows, (1, 2))  # a second engine sharing the cost seeds it no more
+    assert len(calls) == 1 + 5 * MIN_SAMPLES
     assert cost.relative(1, 8) == pytest.approx([1 + k / 10 for k in range(9)])
     # a run that verifies a draft in every step times no plain step: the one-row price
     # still stands on the seeded timings, the common row count's on its own
