@@ -103,7 +103,7 @@ def rounds(
         return session.start(model, config, prompt, learned=learned, cost=cost, **kw)
 
     def run(names: list[str], timed: bool) -> dict[str, Run]:
-        shared = ForwardCost()  # one per round: see the module's doc
+        shared = ForwardCost() if together else None  # one a round: see the module's doc
         out = lockstep({c: start(c, shared) for c in names}) if together else {}
         for c in names:
             if not together:  # each printed as it ends, not after the round

@@ -13,6 +13,7 @@ from specserve.cli import build_parser
 from specserve.engine.request import Request
 from specserve.engine.sampling import SamplingParams
 from specserve.errors import SpecserveError
+from specserve.speculative.cost import ForwardCost
 
 
 @pytest.mark.parametrize(
@@ -79,10 +80,12 @@ def test_speedup_is_the_median_of_each_rounds_own_ratio() -> None:
 
 
 class _Rounds:
-    """A session that records the order it is asked to generate in."""
+    """A session that records the order it is asked to generate in, and the row costs each
+    engine was given."""
 
     def __init__(self) -> None:
         self.order: list[str] = []
+        self.costs: list[object] = []
         self.clock = 0.0  # seconds since the load: each run takes 10
 
     def prompt(self, model: str, workload: str) -> list[int]:
@@ -94,7 +97,8 @@ class _Rounds:
     def since_load(self) -> float:
         return self.clock
 
-    def start(self, model: str, config: str, prompt: list[int], **_: object) -> Started:
+    def start(self, model: str, config: str, prompt: list[int], **kw: object) -> Started:
+        self.costs.append(kw["cost"])
         return Started(_Generating(self, config), Request(prompt, SamplingParams()))  # type: ignore[arg-type]
 
 
@@ -127,6 +131,7 @@ def test_rounds_alternate_their_order_and_reuse_the_reference() -> None:
     runs = rounds(session, "m", "w", ["none", "a", "b"], ref, 3)  # type: ignore[arg-type]
     assert session.order == ["a", "b", "b", "a", "none", "none", "a", "b"]
     assert runs["none"][0] is ref and [len(r) for r in runs.values()] == [3, 3, 3]
+    assert session.costs == [None] * 8  # a lone run's engine times its own rows
 
 
 @pytest.mark.parametrize(
@@ -148,6 +153,10 @@ def test_rounds_together_run_every_configuration_each_round_and_time_them_all() 
     session, ref = _Rounds(), _runs(1.0)[0]
     runs = rounds(session, "m", "w", ["none", "a", "b"], ref, 2, Warm(1), together=True)  # type: ignore[arg-type]
     assert session.order == ["a", "b", "none", "a", "b", "none", "a", "b"]
+    # a round's engines time their rows into one cost, a fresh one each round
+    assert all(isinstance(c, ForwardCost) for c in session.costs)
+    assert [len({id(c) for c in r}) for r in (session.costs[:2], session.costs[2:5])] == [1, 1]
+    assert len({id(c) for c in session.costs[::3]}) == 3
     assert all(r is not ref for r in runs["none"]) and [len(r) for r in runs.values()] == [2, 2, 2]
 
 

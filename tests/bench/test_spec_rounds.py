@@ -8,14 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from specserve.bench.spec_report import Run
-from specserve.bench.spec_rounds import Started, lockstep, rounds
+from specserve.bench.spec_rounds import Started, lockstep
 from specserve.cli import build_parser
 from specserve.engine.request import Request, SpecParams
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.setup import EngineSettings, build_engine
 from specserve.loading.model import load_model
-from specserve.speculative.cost import ForwardCost
 from tests.tiny import write_hf_folder
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 3, 1, 4, 1, 5]
@@ -68,11 +66,6 @@ class _Engine:
     def has_work(self) -> bool:
         return self.steps > 0
 
-    def generate(self, reqs: list[Request]) -> None:
-        self.add_request(reqs[0])
-        while self.has_work():
-            self.step()
-
 
 def test_steps_take_turns_reversed_every_other_and_a_finished_engine_drops_out(
     monkeypatch: pytest.MonkeyPatch,
@@ -92,39 +85,3 @@ def test_steps_take_turns_reversed_every_other_and_a_finished_engine_drops_out(
 def test_lockstep_flag() -> None:
     assert not build_parser().parse_args(["bench", "spec"]).lockstep
     assert build_parser().parse_args(["bench", "spec", "--lockstep"]).lockstep
-
-
-@dataclass
-class _Session:
-    """Starts fake engines and notes the row costs each was given."""
-
-    costs: list[tuple[str, ForwardCost | None]] = field(default_factory=list)
-
-    def prompt(self, model: str, workload: str) -> list[int]:
-        return [1]
-
-    def prediction(self, model: str, workload: str) -> list[int]:
-        return []
-
-    def start(self, model: str, config: str, prompt: list[int], **kw: object) -> Started:
-        cost = kw["cost"]
-        assert cost is None or isinstance(cost, ForwardCost)
-        self.costs.append((config, cost))
-        return Started(_Engine(config, 3, []), Request(prompt, SamplingParams()))  # type: ignore[arg-type]
-
-    def since_load(self) -> float:
-        return 1e9
-
-
-def test_a_lockstep_rounds_engines_time_rows_into_one_cost_and_lone_runs_their_own() -> None:
-    ref = Run([7, 7, 7], 1.0, 1.0, None, "", "")
-    configs = ["none", "a", "b"]
-    together = _Session()
-    runs = rounds(together, "m", "w", configs, ref, repeats=2, together=True)
-    assert {c: len(r) for c, r in runs.items()} == dict.fromkeys(configs, 2)
-    assert [c for c, _ in together.costs] == configs * 2
-    first, second = {id(c) for _, c in together.costs[:3]}, {id(c) for _, c in together.costs[3:]}
-    assert len(first) == len(second) == 1 and first != second  # one per round, fresh each
-    apart = _Session()
-    rounds(apart, "m", "w", configs, ref, repeats=2, together=False)
-    assert apart.costs and all(c is None for _, c in apart.costs)
