@@ -7,8 +7,8 @@ has its own engine over the same loaded weights, and the engines take one step e
 turn, the order reversed every other step, so each configuration's steps sit among every
 other's within tens of milliseconds; each is timed by its own steps alone. The engines of
 a round time their forwards into one `ForwardCost`: timed each by its own, two engines of
-the same configuration priced rows apart, cut their drafts apart and took paths through the
-answer up to 6 % apart a round (docs/perf/2026-12-01-lockstep.md).
+the same configuration priced rows apart, cut their drafts apart and took paths of their
+own through the answer (docs/perf/2026-12-01-lockstep.md).
 """
 
 from __future__ import annotations
