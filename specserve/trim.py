@@ -20,12 +20,12 @@ from functools import cache
 
 
 @cache
-def _malloc_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+def _glibc(function: str) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
     name = ctypes.util.find_library("c")
     if name is None:
         return None
     try:
-        return ctypes.CDLL(name).malloc_trim
+        return getattr(ctypes.CDLL(name), function)
     except (OSError, AttributeError):  # not glibc
         return None
 
@@ -40,8 +40,27 @@ def release_freed_memory(collect: bool = True) -> bool:
         # the young generations only: a full collection holds the GIL for as long as the
         # process has objects, and the event loop waits on the GIL for all of it
         gc.collect(1)
-    trim = _malloc_trim()
+    trim = _glibc("malloc_trim")
     if trim is None:
         return False
     trim(0)
     return True
+
+
+# mallopt's parameters (malloc.h)
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_MAX = -4
+
+
+def keep_freed_memory() -> bool:
+    """Have malloc keep what is freed, large blocks too, for the next allocation, and never
+    give it back on its own; True if it could be told. For a loop whose every step allocates
+    the same large tensors (train-head's logits and gradients, ~100 MB each): glibc serves a
+    block over 32 MB from a fresh mapping and unmaps it when freed, so each step faulted
+    every page of them in again, zeroed by the kernel (figures: docs/perf/memory.md). Not
+    for a server: its memory would stay at its busiest step's (release_freed_memory still
+    trims the heap's top)."""
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
+        return False
+    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))

@@ -43,6 +43,7 @@ from specserve.models.eagle3 import HeadCalibration, default_aux_layers, taps_fi
 from specserve.models.registry import LanguageModel
 from specserve.speculative import head_training as ht
 from specserve.speculative.mtp import CONFIDENCE
+from specserve.trim import keep_freed_memory
 
 EVAL_DEPTH = 4  # draft positions scored, however deep the training unrolled
 LR = 6e-4
@@ -391,6 +392,7 @@ def main(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
     # the weights a server loads by default: the labels are what the served model says
     loaded = load_model(args.model, "float32", progress=True, weights="auto")
+    keep_freed_memory()  # after the load, whose temporaries it trims away
     out = Path(args.out) if args.out else own_head_dir(args.model)
     out.mkdir(parents=True, exist_ok=True)
     kinds = {k.strip() for k in args.data.split(",") if k.strip()}
