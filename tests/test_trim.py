@@ -3,6 +3,7 @@ the setting lasts for the whole process that makes it."""
 
 from __future__ import annotations
 
+import ctypes
 import subprocess
 import sys
 
@@ -37,7 +38,7 @@ def _mapped_blocks(mode: str) -> str:
 
 
 def test_keep_freed_memory_serves_large_blocks_from_the_heap() -> None:
-    if not hasattr(__import__("ctypes").CDLL(None), "mallinfo2"):
+    if not hasattr(ctypes.CDLL(None), "mallinfo2"):
         pytest.skip("not glibc 2.33 or newer")
     assert _mapped_blocks("default") == "None 1"  # the default maps the block apart
     assert _mapped_blocks("keep") == "True 0"

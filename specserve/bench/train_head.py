@@ -392,7 +392,8 @@ def main(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
     # the weights a server loads by default: the labels are what the served model says
     loaded = load_model(args.model, "float32", progress=True, weights="auto")
-    keep_freed_memory()  # after the load, whose temporaries it trims away
+    # only now: the load's temporaries are trimmed away, which a kept heap would hold
+    keep_freed_memory()
     out = Path(args.out) if args.out else own_head_dir(args.model)
     out.mkdir(parents=True, exist_ok=True)
     kinds = {k.strip() for k in args.data.split(",") if k.strip()}
