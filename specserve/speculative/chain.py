@@ -101,6 +101,7 @@ class ChainSpeculator(Speculator):
 
     def _draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         best = {r.slot: (1.0, Draft()) for r in requests}
+        doubted: dict[int, float] = {}  # slot -> the dearest costly drafter that drafted nothing
         for r in requests:
             self._chosen.pop(r.slot, None)
         for child in self._order(requests):
@@ -111,12 +112,14 @@ class ChainSpeculator(Speculator):
                 r
                 for r in (q.limited(child.name) for q in requests)
                 if child.serves(r.types)
-                and not self._outranked(child, r.slot)
+                and not self._outranked(child, r.slot, doubted)
                 and (not costly or child.worth.may_ask(r, best[r.slot][0]))
             ]
             if not asks:
                 continue
             for req, d in zip(asks, child.draft(asks), strict=True):
+                if costly and not d and child.worth.asked_for(req):
+                    doubted[req.slot] = max(doubted.get(req.slot, 0.0), child.relative_cost)
                 if costly and d:
                     self._witness(req, d, best)
                     child.worth.ledger.against(req.slot, self._promise(req, *best[req.slot]))
@@ -136,14 +139,18 @@ class ChainSpeculator(Speculator):
         (value * cost) less its verification's cost."""
         return (value - 1) * req.verify_cost(len(d))
 
-    def _outranked(self, child: Speculator, slot: int) -> bool:
+    def _outranked(self, child: Speculator, slot: int, doubted: dict[int, float]) -> bool:
         """Whether a costly drafter as dear as `child` or dearer has the slot's best draft
-        so far: a drafter that pays less per token reads less of a model, and `child` is
-        not asked there at all, not even to learn its rates (they are learnt where it
+        so far, or was asked for it this step and drafted nothing worth verifying
+        (`doubted`): a drafter that pays less per token reads less of a model, and `child`
+        is not asked there at all, not even to learn its rates (they are learnt where it
         drafts alone). Asked after the 0.5B draft model had drafted, the 1.5B's head only
-        ever repeated its first token or was wrong (docs/perf/2026-11-28-costly-pairs.md)."""
+        ever repeated its first token or was wrong (docs/perf/2026-11-28-costly-pairs.md);
+        asked where the draft model was unsure, its drafts missed, and those asks were most
+        of what the head cost the 1.5B's code (docs/perf/2026-12-01-xeon-doubted.md)."""
         standing = self._chosen.get(slot)
-        return standing is not None and standing.relative_cost >= child.relative_cost > 0
+        dearest = max(standing.relative_cost if standing else 0.0, doubted.get(slot, 0.0))
+        return dearest >= child.relative_cost > 0
 
     def _witness(self, req: DraftRequest, d: Draft, best: dict[int, tuple[float, Draft]]) -> None:
         """A costly drafter drafted `d` where a free one's draft stands: the free draft is
@@ -165,12 +172,19 @@ class ChainSpeculator(Speculator):
 
     def _order(self, requests: Sequence[DraftRequest]) -> list[Speculator]:
         """The children in the order they are asked this step: the free ones as listed,
-        then the costly ones by the most their drafts promise over the step's slots."""
+        then the costly ones by the most their drafts promise over the step's slots, those
+        whose rates are still an unmeasured prior's first (`DraftWorth.unknown`): one that
+        will be asked anyway to learn its rates is asked before a cheaper one it may
+        outrank. Ranked by its prior, the 0.5B draft model came after the 1.5B's head in
+        an answer's first steps, and its drafts then beat the head's, paid for in vain."""
         free = [c for c in self.children if c.relative_cost == 0]
         costly = [c for c in self.children if c.relative_cost > 0]
         if len(costly) > 1:  # by the rates over all tiers: the module doc
             costly.sort(
-                key=lambda c: -sum(c.worth.best_value(r.limited(c.name), False) for r in requests)
+                key=lambda c: (
+                    not c.worth.unknown,
+                    -sum(c.worth.best_value(r.limited(c.name), False) for r in requests),
+                )
             )
         return free + costly
 

@@ -274,6 +274,16 @@ class DraftWorth:
             return 1
         return (worth or 1) if best and self._revisit_due() else None
 
+    @property
+    def unknown(self) -> bool:
+        """Whether its rates are still a prior that nothing measured: untried, and no
+        calibration for its drafts' confidence (a trained head's comes with it, rates.py)."""
+        return not self.drafter.rates.first_rates and self._untried()
+
+    def asked_for(self, req: DraftRequest) -> bool:
+        """Whether a costly drafter drafted for req's slot at req's context (`priced`)."""
+        return self._asked.get(req.slot, (-1, 0))[0] == len(req.tokens)
+
     def _untried(self) -> bool:
         """Whether the drafter's rates are still its prior's (EXPLORE); counted in asks, as
         asks can come to nothing."""

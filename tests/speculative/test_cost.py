@@ -357,10 +357,12 @@ def test_a_lookup_the_head_contradicts_loses_to_the_head_there_and_only_there() 
     assert {src for right, src in late if not right} == {"head"}
 
 
-def test_a_cheaper_costly_drafter_is_not_asked_where_a_dearer_ones_draft_stands() -> None:
+def test_a_cheaper_costly_drafter_is_not_asked_where_a_dearer_one_drafted_or_doubted() -> None:
     """A draft model whose drafts are kept promises more than a head and is asked first;
     where its draft stands the head, cheaper, is not asked, not even now and then to
-    learn its rates; where the model drafts nothing, the head is asked again."""
+    learn its rates. Where the model, asked, drafts nothing (unsure there), the head is
+    not asked either; once the model's empty asks make it not worth asking, the head is
+    asked every step again."""
     model = Fixed([1], "model", cost=0.3)
     head = Fixed([1, 1, 1], "head", cost=0.05)
     teach(model, slot=0, n_accepted=1, times=30, n_max=1)
@@ -370,4 +372,31 @@ def test_a_cheaper_costly_drafter_is_not_asked_where_a_dearer_ones_draft_stands(
     assert chain._order([DraftRequest(0, [0], 3, cost=cost)])[0] is model
     assert sum(_asked_while_always_right(chain, head, 4 * REVISIT, cost)) == 0
     model.tokens = []  # unsure of every token: it drafts nothing
-    assert all(_asked_while_always_right(chain, head, REVISIT, cost))
+    chain.begin(0, [0])
+    context, asked = [0], []  # (model asked, head asked) per step
+    for _ in range(REVISIT):
+        before = model.asked, head.asked
+        (d,) = chain.draft([DraftRequest(0, list(context), 3, cost=cost)])
+        chain.accept(0, len(d))
+        context += [1] * (len(d) + 1)
+        asked.append((model.asked - before[0], head.asked - before[1]))
+    assert asked[0] == (1, 0) and all(m + h == 1 for m, h in asked)
+    assert all(h for _, h in asked[-REVISIT // 2 :])
+
+
+def test_a_costly_drafter_whose_rates_are_unknown_is_asked_before_a_calibrated_one() -> None:
+    """A head whose confidence classes came calibrated promises more than an untried draft
+    model by its prior, yet the model, which would be asked anyway to learn its rates, is
+    asked first; once it has drafted, the two are ranked by what they promise."""
+
+    class Calibrated(Fixed):
+        first_rates = {0: 0.9}
+
+    head, model = Calibrated([1], "head", cost=0.05), Fixed([1, 1], "model", cost=0.3)
+    chain = ChainSpeculator([head, model])
+    req = DraftRequest(0, [0], 2, cost=[1.0, 1.05, 1.1])
+    promise = {c.name: c.worth.best_value(req, False) for c in (head, model)}
+    assert promise["head"] > promise["model"] and model.worth.unknown and not head.worth.unknown
+    assert chain._order([req])[0] is model
+    teach(model, slot=0, n_accepted=0, times=EXPLORE)
+    assert not model.worth.unknown and chain._order([req])[0] is head
