@@ -10,7 +10,9 @@ costs on this machine (speculative/cost.py), c the drafter's own cost per token 
 forwards, and the 1s are the target's own token and step. No draft is worth 1. Cheap
 drafters are asked first; a costly one (a draft model, a head) is asked only for slots where
 it could beat the best draft so far, or now and then to keep its rates current (REVISIT);
-where a costly drafter's draft stands, those that cost less are not asked (`_outranked`).
+where a costly drafter's draft stands, or it was asked and drafted nothing (it was unsure
+there), those that cost less are not asked (`_outranked`); costly drafters whose rates are
+still an unmeasured prior are asked first (`_order`).
 Between drafts already made, drafting is paid for, so only verification counts. So the
 costly ones are asked in the order of what they promise this step, drafting counted: asked
 first, a head whose one-token drafts the draft model's then beat every time on code was
@@ -176,7 +178,8 @@ class ChainSpeculator(Speculator):
         whose rates are still an unmeasured prior's first (`DraftWorth.unknown`): one that
         will be asked anyway to learn its rates is asked before a cheaper one it may
         outrank. Ranked by its prior, the 0.5B draft model came after the 1.5B's head in
-        an answer's first steps, and its drafts then beat the head's, paid for in vain."""
+        an answer's first steps, and its drafts then beat the head's, paid for in vain
+        (docs/perf/2026-12-01-xeon-doubted.md)."""
         free = [c for c in self.children if c.relative_cost == 0]
         costly = [c for c in self.children if c.relative_cost > 0]
         if len(costly) > 1:  # by the rates over all tiers: the module doc
