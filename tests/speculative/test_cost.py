@@ -104,11 +104,18 @@ def _asked_while_always_right(
     """Per step, whether `drafter` was asked, on a text of 1s that it always foresees: a
     verified draft adds its token and the target's, an unverified one the target's. Each
     step asks for as many tokens as `cost` prices."""
+    return [n for (n,) in _asks_while_always_right(spec, [drafter], steps, cost)]
+
+
+def _asks_while_always_right(
+    spec: Speculator, drafters: Sequence[Fixed], steps: int, cost: Sequence[float]
+) -> list[tuple[int, ...]]:
+    """`_asked_while_always_right` for several drafters: per step, whether each was asked."""
     context, asked = [0], []
     for _ in range(steps):
-        before = drafter.asked
+        before = [f.asked for f in drafters]
         (d,) = spec.draft([DraftRequest(0, list(context), len(cost) - 1, cost=cost)])
-        asked.append(drafter.asked - before)
+        asked.append(tuple(f.asked - b for f, b in zip(drafters, before, strict=True)))
         spec.accept(0, len(d))
         context += [1] * (len(d) + 1)
     return asked
@@ -373,13 +380,7 @@ def test_a_cheaper_costly_drafter_is_not_asked_where_a_dearer_one_drafted_or_dou
     assert sum(_asked_while_always_right(chain, head, 4 * REVISIT, cost)) == 0
     model.tokens = []  # unsure of every token: it drafts nothing
     chain.begin(0, [0])
-    context, asked = [0], []  # (model asked, head asked) per step
-    for _ in range(REVISIT):
-        before = model.asked, head.asked
-        (d,) = chain.draft([DraftRequest(0, list(context), 3, cost=cost)])
-        chain.accept(0, len(d))
-        context += [1] * (len(d) + 1)
-        asked.append((model.asked - before[0], head.asked - before[1]))
+    asked = _asks_while_always_right(chain, [model, head], REVISIT, cost)
     assert asked[0] == (1, 0) and all(m + h == 1 for m, h in asked)
     assert all(h for _, h in asked[-REVISIT // 2 :])
 
