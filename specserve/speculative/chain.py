@@ -12,7 +12,8 @@ drafters are asked first; a costly one (a draft model, a head) is asked only for
 it could beat the best draft so far, or now and then to keep its rates current (REVISIT);
 where a costly drafter's draft stands, or it was asked and drafted nothing (it was unsure
 there), those that cost less are not asked (`_outranked`); costly drafters whose rates are
-still an unmeasured prior are asked first (`_order`).
+still an unmeasured prior are asked first, and a cheaper one whose recent drafts were
+mostly worth less than a dearer one promises after it (`_order`).
 Between drafts already made, drafting is paid for, so only verification counts. So the
 costly ones are asked in the order of what they promise this step, drafting counted: asked
 first, a head whose one-token drafts the draft model's then beat every time on code was
@@ -126,6 +127,8 @@ class ChainSpeculator(Speculator):
                     self._witness(req, d, best)
                     child.worth.ledger.against(req.slot, self._promise(req, *best[req.slot]))
                 value = child.worth.value(req, d) if d else 0.0
+                if costly and child.worth.asked_for(req):
+                    child.worth.made.append(value)
                 if value > best[req.slot][0]:
                     if req.slot in self._chosen:
                         self._chosen[req.slot].discard(req.slot)
@@ -179,7 +182,8 @@ class ChainSpeculator(Speculator):
         will be asked anyway to learn its rates is asked before a cheaper one it may
         outrank. Ranked by its prior, the 0.5B draft model came after the 1.5B's head in
         an answer's first steps, and its drafts then beat the head's, paid for in vain
-        (docs/perf/2026-12-01-xeon-doubted.md)."""
+        (docs/perf/2026-12-01-xeon-doubted.md). A cheaper one whose recent drafts mostly
+        were worth less than a dearer one promises goes behind it (`_behind`)."""
         free = [c for c in self.children if c.relative_cost == 0]
         costly = [c for c in self.children if c.relative_cost > 0]
         if len(costly) > 1:  # by the rates over all tiers: the module doc
@@ -189,7 +193,30 @@ class ChainSpeculator(Speculator):
                     -sum(c.worth.best_value(r.limited(c.name), False) for r in requests),
                 )
             )
+            moved = True
+            while moved:  # each swap puts a dearer drafter ahead, so this ends
+                moved = False
+                for i in range(len(costly) - 1):
+                    if self._behind(costly[i], costly[i + 1], requests):
+                        costly[i : i + 2] = costly[i + 1], costly[i]
+                        moved = True
         return free + costly
+
+    @staticmethod
+    def _behind(cheap: Speculator, dear: Speculator, requests: Sequence[DraftRequest]) -> bool:
+        """Whether `cheap`, ranked ahead of the dearer `dear`, goes behind it: `dear` is
+        asked where it promises more than the draft in hand, and where `cheap`'s draft
+        seldom beats that promise, asking `cheap` first only pays for a draft that `dear`'s
+        then displaces. Ranked ahead by its promise, the 1.5B's head was asked 13 times on
+        the C answer and the draft model after it 11 of those times; its one-token drafts
+        were worth less than the draft model promised
+        (docs/perf/2026-12-01-spare-order.md)."""
+        if not 0 < cheap.relative_cost < dear.relative_cost or dear.worth.unknown:
+            return False
+        if not dear.worth.ledger.paying:  # asked now and then only, not by its promise
+            return False
+        promise = sum(dear.worth.best_value(r.limited(dear.name)) for r in requests)
+        return not cheap.worth.spares(promise / len(requests))
 
     def _accept(self, slot: int, n_accepted: int, n_proposed: int) -> None:
         chosen = self._chosen.pop(slot, None)

@@ -83,6 +83,10 @@ YIELD_PRIOR = 2
 # stalled), not dear: one such ask, charged in full to the ledger, stopped the 0.5B draft
 # model on the 1.5B's Java answer (docs/perf/2026-11-30-ask-ledger.md)
 STALLED = 2.0
+# a cheaper costly drafter is ranked behind a dearer one once this many of its asks in a
+# chain are known (`DraftWorth.spares`), judged by the last SPARE_KEEP of them
+SPARE_LEAST = 4
+SPARE_KEEP = 16
 
 
 class DraftBudget:
@@ -133,6 +137,8 @@ class DraftWorth:
         self.declined = 0  # asks not made since the last revisit (REVISIT)
         self._revisits: set[int] = set()  # slots a chain asks this drafter on to revisit
         self.ledger = AskLedger()  # what its asks saved: the check on its rates (ledger.py)
+        # in a chain, what each recent ask's draft was worth as made (0: nothing)
+        self.made: deque[float] = deque(maxlen=SPARE_KEEP)
 
     def priced(self, seconds: float, asked: Sequence[DraftRequest], made: Sequence[Draft]) -> None:
         """The drafter answered `asked` with `made` in `seconds`. Kept as seconds per draft
@@ -303,6 +309,14 @@ class DraftWorth:
             self._revisits.add(req.slot)
             return True
         return False
+
+    def spares(self, promise: float) -> bool:
+        """Whether asked before a dearer drafter that promises `promise`, this one's draft
+        would usually be worth more and so spare that ask: most of its recent drafts were
+        (SPARE_LEAST of them at least; fewer say nothing, and it keeps its place)."""
+        if len(self.made) < SPARE_LEAST:
+            return True
+        return 2 * sum(v > promise for v in self.made) >= len(self.made)
 
     def _revisit_due(self) -> bool:
         """One more ask declined; True (and the count starts over) at every REVISIT-th."""

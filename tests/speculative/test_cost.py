@@ -15,6 +15,7 @@ from specserve.speculative.draft_length import (
     EXPLORE,
     MIN_GAIN,
     REVISIT,
+    SPARE_LEAST,
     DraftBudget,
 )
 from specserve.speculative.rates import ANY
@@ -383,6 +384,55 @@ def test_a_cheaper_costly_drafter_is_not_asked_where_a_dearer_one_drafted_or_dou
     asked = _asks_while_always_right(chain, [model, head], REVISIT, cost)
     assert asked[0] == (1, 0) and all(m + h == 1 for m, h in asked)
     assert all(h for _, h in asked[-REVISIT // 2 :])
+
+
+def _asks_in_chain(chain: ChainSpeculator, drafters: Sequence[Fixed], steps: int) -> list[tuple]:
+    """Per step, how often each drafter was asked and whose draft was verified (kept whole)."""
+    cost = [1.0, 1.15, 1.2, 1.25, 1.3]
+    asked = []
+    for _ in range(steps):
+        before = [f.asked for f in drafters]
+        (d,) = chain.draft([DraftRequest(0, [0], 4, cost=cost)])
+        asked.append((*(f.asked - b for f, b in zip(drafters, before, strict=True)), d.source))
+        chain.accept(0, len(d))
+    return asked
+
+
+def test_a_cheaper_drafter_whose_drafts_fall_short_of_a_dearer_ones_promise_goes_behind() -> None:
+    """A head that promises more than the draft model by its rates over four positions but
+    drafts one token, worth less than the model promises, is asked first until SPARE_LEAST
+    of its drafts show that; then the model goes first and the head, outranked, is not
+    asked. Ranked by promise alone, the head was asked every step in vain."""
+    head, model = Fixed([1, 1, 1, 1], "head", cost=0.05), Fixed([1, 2, 3, 4], "model", cost=0.45)
+    for _ in range(15):
+        teach(head, slot=0, n_accepted=4, times=1)
+        teach(head, slot=0, n_accepted=0, times=1)
+    teach(model, slot=0, n_accepted=4, times=30)
+    head.tokens = [1]
+    chain = ChainSpeculator([head, model])
+    req = DraftRequest(0, [0], 4, cost=[1.0, 1.15, 1.2, 1.25, 1.3])
+    promise = {c.name: c.worth.best_value(req, False) for c in (head, model)}
+    one = head.worth.value(req, Draft([1]))
+    assert promise["head"] > promise["model"] > one
+    asked = _asks_in_chain(chain, [head, model], 20)
+    assert asked[:SPARE_LEAST] == [(1, 1, "model")] * SPARE_LEAST
+    assert asked[SPARE_LEAST:] == [(0, 1, "model")] * (20 - SPARE_LEAST)
+
+
+def test_a_cheaper_drafter_whose_drafts_beat_a_dearer_ones_promise_stays_first() -> None:
+    """A head whose kept one-token drafts are worth more than a dear draft model promises
+    is asked first every step, and its drafts spare the model's asks but its revisits
+    (whose longer drafts, made, are worth the most)."""
+    head, model = Fixed([1], "head", cost=0.05), Fixed([1, 2, 3, 4], "model", cost=0.8)
+    teach(head, slot=0, n_accepted=1, times=30)
+    teach(model, slot=0, n_accepted=4, times=30)
+    chain = ChainSpeculator([head, model])
+    req = DraftRequest(0, [0], 4, cost=[1.0, 1.15, 1.2, 1.25, 1.3])
+    assert 1.0 < model.worth.best_value(req) < head.worth.value(req, Draft([1]))
+    revisits = [i % REVISIT == REVISIT - 1 for i in range(2 * REVISIT)]
+    assert _asks_in_chain(chain, [head, model], 2 * REVISIT) == [
+        (1, 1, "model") if revisit else (1, 0, "head") for revisit in revisits
+    ]
 
 
 def test_a_costly_drafter_whose_rates_are_unknown_is_asked_before_a_calibrated_one() -> None:
