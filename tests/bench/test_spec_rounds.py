@@ -67,7 +67,7 @@ class _Engine:
         return self.steps > 0
 
 
-def test_steps_take_turns_reversed_every_other_and_a_finished_engine_drops_out(
+def test_steps_take_turns_each_turn_starting_one_further_and_a_finished_engine_drops_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     log: list[str] = []
@@ -80,6 +80,15 @@ def test_steps_take_turns_reversed_every_other_and_a_finished_engine_drops_out(
     assert runs["a"].tok_s == pytest.approx(1.0) and runs["a"].seconds == pytest.approx(4.0)
     assert runs["b"].tok_s == pytest.approx(3.0) and runs["b"].seconds == pytest.approx(2.0)
     assert runs["a"].tokens == [7] * 4 and runs["b"].tokens == [7] * 4
+
+
+def test_three_engines_take_every_place_in_a_turn_alike() -> None:
+    """Reversed every other turn, the middle one of three stayed in the middle."""
+    log: list[str] = []
+    engines = {n: _Engine(n, 3, log) for n in "abc"}
+    lockstep({n: Started(e, Request([1], SamplingParams())) for n, e in engines.items()})  # type: ignore[arg-type]
+    turns = [log[i : i + 3] for i in range(0, 9, 3)]
+    assert turns == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
 
 
 def test_lockstep_flag() -> None:
