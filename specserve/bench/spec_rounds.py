@@ -149,7 +149,7 @@ def lockstep(started: dict[str, Started]) -> dict[str, Run]:
     live, turn = list(started), 0
     while live:
         # each turn starts one further along: with three or more, reversing every other
-        # turn kept one engine in the middle, and that one ran ~1 % faster
+        # turn kept one engine in the middle, and that one ran faster
         # (docs/perf/2026-12-01-spare-order.md)
         shift = turn % len(live)
         for name in live[shift:] + live[:shift]:

@@ -207,10 +207,9 @@ class ChainSpeculator(Speculator):
         """Whether `cheap`, ranked ahead of the dearer `dear`, goes behind it: `dear` is
         asked where it promises more than the draft in hand, and where `cheap`'s draft
         seldom beats that promise, asking `cheap` first only pays for a draft that `dear`'s
-        then displaces. Ranked ahead by its promise, the 1.5B's head was asked 13 times on
-        the C answer and the draft model after it 11 of those times; its one-token drafts
-        were worth less than the draft model promised
-        (docs/perf/2026-12-01-spare-order.md)."""
+        then displaces. Ranked ahead by its promise, the 1.5B's head was asked first on the
+        C answer, its one-token drafts worth less than the draft model promised, and the
+        draft model was asked after it nearly every time (docs/perf/2026-12-01-spare-order.md)."""
         if not 0 < cheap.relative_cost < dear.relative_cost or dear.worth.unknown:
             return False
         if not dear.worth.ledger.paying:  # asked now and then only, not by its promise
