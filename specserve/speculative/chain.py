@@ -214,8 +214,11 @@ class ChainSpeculator(Speculator):
             return False
         if not dear.worth.ledger.paying:  # asked now and then only, not by its promise
             return False
-        promise = sum(dear.worth.best_value(r.limited(dear.name)) for r in requests)
-        return not cheap.worth.spares(promise / len(requests))
+        spared = sum(
+            cheap.worth.spares(r.limited(cheap.name), dear.worth.best_value(r.limited(dear.name)))
+            for r in requests
+        )
+        return 2 * spared < len(requests)
 
     def _accept(self, slot: int, n_accepted: int, n_proposed: int) -> None:
         chosen = self._chosen.pop(slot, None)

@@ -310,13 +310,24 @@ class DraftWorth:
             return True
         return False
 
-    def spares(self, promise: float) -> bool:
-        """Whether asked before a dearer drafter that promises `promise`, this one's draft
-        would usually be worth more and so spare that ask: most of its recent drafts were
-        (SPARE_LEAST of them at least; fewer say nothing, and it keeps its place)."""
-        if len(self.made) < SPARE_LEAST:
+    def spares(self, req: DraftRequest, promise: float) -> bool:
+        """Whether asked before a dearer drafter that promises `promise` for req's slot,
+        this one's draft would usually be worth more and so spare that ask: most of its
+        recent drafts were (SPARE_LEAST of them at least). Before that, most of a
+        calibrated head's drafts would be by its classes' shares, each as a first token
+        alone; a drafter with neither keeps its place."""
+        if len(self.made) >= SPARE_LEAST:
+            return 2 * sum(v > promise for v in self.made) >= len(self.made)
+        shares = self.drafter.rates.first_shares
+        if not shares:
             return True
-        return 2 * sum(v > promise for v in self.made) >= len(self.made)
+        beating = sum(p for tier, p in shares.items() if self._first_alone(req, tier) > promise)
+        return 2 * beating >= 1
+
+    def _first_alone(self, req: DraftRequest, tier: int) -> float:
+        """What a one-token draft of this tier is worth, 0 where that is under MIN_GAIN."""
+        value = self.values(req, 1, tier)[1]
+        return value if value >= MIN_GAIN else 0.0
 
     def _revisit_due(self) -> bool:
         """One more ask declined; True (and the count starts over) at every REVISIT-th."""

@@ -70,6 +70,7 @@ class Eagle3Speculator(HiddenStateDrafter):
         measured = calibrated_rates(head.calibration)
         if measured is not None:  # the head's own record, in place of its classes' midpoints
             self.rates = AcceptanceModel(*measured)
+            self.rates.first_shares = calibrated_shares(head.calibration)
         self.head, self.model = head, model
         self.vocab_size = int(model.cfg.vocab_size)
         self._d2t: list[int] = head.d2t.tolist()  # read per draft token: a list, not a tensor
@@ -93,6 +94,15 @@ class Eagle3Speculator(HiddenStateDrafter):
 
     def _target_logits(self, logits: torch.Tensor) -> torch.Tensor:
         return self.head.target_logits(logits[None], self.vocab_size)[0]
+
+
+def calibrated_shares(cal: HeadCalibration | None) -> dict[int, float]:
+    """The share of a head's first draft tokens in each confidence class on held-out text
+    (empty without a record of these classes)."""
+    if cal is None or cal.bounds != CONFIDENCE or not sum(cal.first_rows):
+        return {}
+    total = sum(cal.first_rows)
+    return {t: n / total for t, n in zip(class_rates(CONFIDENCE), cal.first_rows, strict=True)}
 
 
 def calibrated_rates(cal: HeadCalibration | None) -> tuple[dict[int, float], float] | None:

@@ -118,6 +118,8 @@ class AcceptanceModel:
         (the module doc)."""
         self.first_rates = dict(first_rates or {})
         self.prior = prior
+        # tier -> the share of its drafts a calibrated head made in it on held-out text
+        self.first_shares: dict[int, float] = {}
         self.overall = Tally()
         self._tiers: dict[int, Tally] = {}
         self._slots: dict[int, dict[int, Tally]] = {}  # slot -> tier -> the sequence's drafts

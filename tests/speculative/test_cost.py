@@ -419,6 +419,25 @@ def test_a_cheaper_drafter_whose_drafts_fall_short_of_a_dearer_ones_promise_goes
     assert asked[SPARE_LEAST:] == [(0, 1, "model")] * (20 - SPARE_LEAST)
 
 
+def test_a_calibrated_head_whose_classes_fall_short_goes_behind_before_it_drafts() -> None:
+    """The same head with a calibration: by its classes' shares and kept rates, most of
+    its one-token drafts would be worth less than the model promises, so the model goes
+    first from the first step and the head is never asked."""
+    head, model = Fixed([1, 1, 1, 1], "head", cost=0.05), Fixed([1, 2, 3, 4], "model", cost=0.45)
+    for _ in range(15):
+        teach(head, slot=0, n_accepted=4, times=1)
+        teach(head, slot=0, n_accepted=0, times=1)
+    teach(model, slot=0, n_accepted=4, times=30)
+    head.tokens = [1]
+    head.rates.first_rates.update({1: 0.2, 2: 0.5, 3: 0.9})
+    head.rates.first_shares = {1: 0.4, 2: 0.3, 3: 0.3}
+    chain = ChainSpeculator([head, model])
+    req = DraftRequest(0, [0], 4, cost=[1.0, 1.15, 1.2, 1.25, 1.3])
+    assert head.worth.best_value(req, False) > model.worth.best_value(req)
+    assert head.worth.value(req, Draft([1], tier=3)) > model.worth.best_value(req)
+    assert _asks_in_chain(chain, [head, model], 20) == [(0, 1, "model")] * 20
+
+
 def test_a_cheaper_drafter_whose_drafts_beat_a_dearer_ones_promise_stays_first() -> None:
     """A head whose kept one-token drafts are worth more than a dear draft model promises
     is asked first every step, and its drafts spare the model's asks but its revisits
