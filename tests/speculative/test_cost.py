@@ -398,17 +398,24 @@ def _asks_in_chain(chain: ChainSpeculator, drafters: Sequence[Fixed], steps: int
     return asked
 
 
-def test_a_cheaper_drafter_whose_drafts_fall_short_of_a_dearer_ones_promise_goes_behind() -> None:
-    """A head that promises more than the draft model by its rates over four positions but
-    drafts one token, worth less than the model promises, is asked first until SPARE_LEAST
-    of its drafts show that; then the model goes first and the head, outranked, is not
-    asked. Ranked by promise alone, the head was asked every step in vain."""
+def _one_token_head_and_model() -> tuple[Fixed, Fixed]:
+    """A head whose rates over four positions were learnt from four-token drafts, now
+    drafting one token, and a dearer draft model whose four-token drafts are kept."""
     head, model = Fixed([1, 1, 1, 1], "head", cost=0.05), Fixed([1, 2, 3, 4], "model", cost=0.45)
     for _ in range(15):
         teach(head, slot=0, n_accepted=4, times=1)
         teach(head, slot=0, n_accepted=0, times=1)
     teach(model, slot=0, n_accepted=4, times=30)
     head.tokens = [1]
+    return head, model
+
+
+def test_a_cheaper_drafter_whose_drafts_fall_short_of_a_dearer_ones_promise_goes_behind() -> None:
+    """A head that promises more than the draft model by its rates over four positions but
+    drafts one token, worth less than the model promises, is asked first until SPARE_LEAST
+    of its drafts show that; then the model goes first and the head, outranked, is not
+    asked. Ranked by promise alone, the head was asked every step in vain."""
+    head, model = _one_token_head_and_model()
     chain = ChainSpeculator([head, model])
     req = DraftRequest(0, [0], 4, cost=[1.0, 1.15, 1.2, 1.25, 1.3])
     promise = {c.name: c.worth.best_value(req, False) for c in (head, model)}
@@ -423,12 +430,7 @@ def test_a_calibrated_head_whose_classes_fall_short_goes_behind_before_it_drafts
     """The same head with a calibration: by its classes' shares and kept rates, most of
     its one-token drafts would be worth less than the model promises, so the model goes
     first from the first step and the head is never asked."""
-    head, model = Fixed([1, 1, 1, 1], "head", cost=0.05), Fixed([1, 2, 3, 4], "model", cost=0.45)
-    for _ in range(15):
-        teach(head, slot=0, n_accepted=4, times=1)
-        teach(head, slot=0, n_accepted=0, times=1)
-    teach(model, slot=0, n_accepted=4, times=30)
-    head.tokens = [1]
+    head, model = _one_token_head_and_model()
     head.rates.first_rates.update({1: 0.2, 2: 0.5, 3: 0.9})
     head.rates.first_shares = {1: 0.4, 2: 0.3, 3: 0.3}
     chain = ChainSpeculator([head, model])
