@@ -70,7 +70,6 @@ class Eagle3Speculator(HiddenStateDrafter):
         measured = calibrated_rates(head.calibration)
         if measured is not None:  # the head's own record, in place of its classes' midpoints
             self.rates = AcceptanceModel(*measured)
-            self.rates.first_shares = calibrated_shares(head.calibration)
         self.head, self.model = head, model
         self.vocab_size = int(model.cfg.vocab_size)
         self._d2t: list[int] = head.d2t.tolist()  # read per draft token: a list, not a tensor
@@ -96,20 +95,14 @@ class Eagle3Speculator(HiddenStateDrafter):
         return self.head.target_logits(logits[None], self.vocab_size)[0]
 
 
-def calibrated_shares(cal: HeadCalibration | None) -> dict[int, float]:
-    """The share of a head's first draft tokens in each confidence class on held-out text
-    (empty without a record of these classes)."""
-    if cal is None or cal.bounds != CONFIDENCE or not sum(cal.first_rows):
-        return {}
-    total = sum(cal.first_rows)
-    return {t: n / total for t, n in zip(class_rates(CONFIDENCE), cal.first_rows, strict=True)}
-
-
-def calibrated_rates(cal: HeadCalibration | None) -> tuple[dict[int, float], float] | None:
-    """A head's first_rates and prior (rates.py) from what train-head measured on held-out
-    text: each class's kept share of its first tokens (`ANY`: of all of them), and the kept
-    share of later ones for the prior, each counted as CALIBRATION_WEIGHT more rows at what
-    the head's probabilities promise. None where the head has no record of these classes.
+def calibrated_rates(
+    cal: HeadCalibration | None,
+) -> tuple[dict[int, float], float, dict[int, float]] | None:
+    """A head's first_rates, prior and first_shares (rates.py) from what train-head
+    measured on held-out text: each class's kept share of its first tokens (`ANY`: of all
+    of them), and the kept share of later ones for the prior, each counted as
+    CALIBRATION_WEIGHT more rows at what the head's probabilities promise; and the share of
+    its first tokens in each class. None where the head has no record of these classes.
     Priced by the midpoints, a head whose middle classes keep less than they promise was
     verified, and paid for, in each class until its record of the answer caught up
     (docs/perf/2026-11-28-head-calibration.md)."""
@@ -124,4 +117,8 @@ def calibrated_rates(cal: HeadCalibration | None) -> tuple[dict[int, float], flo
     # a sampled draft (tier 0) has no class: its first token is judged as all of them are
     first[ANY] = first[0] = (sum(cal.first_kept) + w * 0.5) / (sum(cal.first_rows) + w)
     later = (cal.later_kept + w * cal.p_min) / (cal.later_rows + w)
-    return first, later
+    rows = sum(cal.first_rows)
+    shares = (
+        {tier: n / rows for tier, n in zip(promised, cal.first_rows, strict=True)} if rows else {}
+    )
+    return first, later, shares

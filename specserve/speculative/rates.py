@@ -113,13 +113,18 @@ class _Held:
 class AcceptanceModel:
     """The rates of one drafter (module docstring)."""
 
-    def __init__(self, first_rates: Mapping[int, float] | None = None, prior: float = 0.5) -> None:
+    def __init__(
+        self,
+        first_rates: Mapping[int, float] | None = None,
+        prior: float = 0.5,
+        first_shares: Mapping[int, float] | None = None,
+    ) -> None:
         """first_rates: tier -> the prior of that tier's first position; prior: q_all(-1)
-        (the module doc)."""
+        (the module doc); first_shares: tier -> the share of its first draft tokens a
+        calibrated head made in that tier on held-out text."""
         self.first_rates = dict(first_rates or {})
         self.prior = prior
-        # tier -> the share of its drafts a calibrated head made in it on held-out text
-        self.first_shares: dict[int, float] = {}
+        self.first_shares = dict(first_shares or {})
         self.overall = Tally()
         self._tiers: dict[int, Tally] = {}
         self._slots: dict[int, dict[int, Tally]] = {}  # slot -> tier -> the sequence's drafts

@@ -264,6 +264,9 @@ def test_a_heads_record_gives_its_drafts_first_rates(bigram) -> None:  # noqa: A
     assert measured.acceptance_rates(0, 2, 3) == pytest.approx([0.32, 0.32 * 0.93])
     assert measured.acceptance_rates(0, 1, 5) == pytest.approx([0.9])  # no rows: its promise
     assert measured.acceptance_rates(0, 1, 0) == pytest.approx([(28 + 4) / (92 + 8)])  # sampled
+    # every held-out first token fell in class 3, so that is where its drafts are expected
+    assert measured.rates.first_shares == {1: 0.0, 2: 0.0, 3: 1.0, 4: 0.0, 5: 0.0}
+    assert plain.rates.first_shares == {}
 
 
 def test_a_head_whose_record_is_wrong_is_overruled_by_the_text(bigram, reference) -> None:  # noqa: ANN001
