@@ -21,6 +21,11 @@ def positive(text: str) -> int:
     return value
 
 
+def positives(text: str) -> list[int]:
+    """An argparse type: comma-separated integers, each >= 1."""
+    return [positive(part) for part in text.split(",")]
+
+
 def numbers(spec: str, kind: Callable[[str], N]) -> list[N]:
     """A flag's comma-separated numbers, or [] where one is not a number (the caller says
     what it wanted)."""

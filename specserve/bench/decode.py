@@ -20,11 +20,18 @@ from pathlib import Path
 
 import torch
 
-from specserve.bench.args import positive
-from specserve.bench.lowbit_rows import call_groups, kinds_table, time_groups
+from specserve.bench.args import positive, positives
+from specserve.bench.lowbit_rows import (
+    call_groups,
+    kinds_table,
+    pairs_table,
+    time_groups,
+    time_pairs,
+)
 from specserve.bench.server_process import read_rss_mib, reset_peak_rss
 from specserve.engine.runner import ModelRunner, SlotInput
 from specserve.errors import SpecserveError
+from specserve.models.layers.lowbit import kernel_isa
 from specserve.trim import release_freed_memory
 
 KS = (1, 2, 4, 8, 16)
@@ -77,6 +84,16 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="also time the model's low-bit calls grouped by shape and kind with 1, 2, 3, 4 "
         "and 8 rows (--repeats rounds): which weights a verify row costs most on "
         "(weights int8/int6/int5/int4/auto only)",
+    )
+    p.add_argument(
+        "--pair-rows",
+        type=positives,
+        default=None,
+        metavar="N,N,...",
+        help="also time forwards of 1, 2, 3, 4 and 8 rows with the AVX-512 VNNI kernels "
+        "pairing two tiles of weights per vector from each of these row counts (e.g. 4,1; "
+        "--repeats interleaved rounds), as ratios to one row at the first: loading picks the "
+        "count by timing (SPECSERVE_PAIR_ROWS sets it); the bits are the same",
     )
 
 
@@ -189,6 +206,8 @@ def main(args: argparse.Namespace) -> None:
                 print_paired(rows[-1])
             if args.by_kind:
                 print_by_kind(name, variant, loaded.model, args.repeats)
+            if args.pair_rows:
+                print_pairs(name, variant, runner, args)
             del loaded, runner
         if args.llama_bench:
             rows.append(_llama_cpp_row(name, args))
@@ -205,6 +224,26 @@ def print_by_kind(name: str, variant: str, model: torch.nn.Module, rounds: int) 
         return
     print(f"[{name} {variant}] low-bit calls by shape and kind, ms per forward:", flush=True)
     print(kinds_table(groups, time_groups(groups, rounds)), flush=True)
+
+
+def print_pairs(name: str, variant: str, runner: ModelRunner, args: argparse.Namespace) -> None:
+    """Forwards of a few rows after the benchmark's prompt with pairs from each of
+    --pair-rows (bench/lowbit_rows.py)."""
+    if kernel_isa() != "avx512vnni":
+        print(f"[{name} {variant}] --pair-rows: the kernels run AVX2 here, which has no pairs")
+        return
+    prompt = bench_prompt(runner, args.prompt_len)
+    runner.memory.free(0)
+    runner.prefill(0, prompt)
+    base = runner.memory.length(0)
+
+    def forward(m: int) -> None:
+        runner.memory.commit(0, base)
+        _timed(runner, lambda: runner.forward([SlotInput(0, prompt[:m], m)]))
+
+    times = time_pairs(forward, args.pair_rows, args.repeats)
+    print(f"[{name} {variant}] forwards by where pairs start:", flush=True)
+    print(pairs_table(times, args.pair_rows), flush=True)
 
 
 def peak_mib() -> float:

@@ -1,4 +1,6 @@
-"""`bench decode --by-kind`: where a verify row's cost sits among a model's low-bit calls.
+"""`bench decode --by-kind`: where a verify row's cost sits among a model's low-bit calls;
+`--pair-rows`: what a forward of a few rows costs as the VNNI walk pairs tiles from more or
+fewer rows (models/layers/lowbit_pairs.py).
 
 The calls (`LowbitCall`: one matrix, or q/k/v and gate/up fused) are grouped by shape and
 kinds, and each group is timed with 1, 2, 3, 4 and 8 rows of x in interleaved rounds. A
@@ -11,15 +13,18 @@ projections held 29 % of its layers' bytes and 59 % of what a second row added
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
 from specserve.bench.report import Column, format_table, interleaved
 from specserve.models.layers.lowbit import LowbitCall
+from specserve.models.layers.lowbit_pairs import kernel_pair_rows
 from specserve.ops.naive.lowbit import Q4, Q4K, Q5, Q6, Q6K, Q8
 
 ROWS = (1, 2, 3, 4, 8)
@@ -89,3 +94,41 @@ def _row(
         row[f"ms{m}"] = s * 1e3
         row[f"x{m}"] = s / seconds[0] if seconds[0] > 0 else None
     return row
+
+
+def time_pairs(
+    forward: Callable[[int], None], starts: Sequence[int], rounds: int, rows: tuple[int, ...] = ROWS
+) -> dict[tuple[int, int], float]:
+    """The median seconds of `forward(m)` (a forward of m rows) with pairs from each of
+    `starts` rows, for every m in `rows`: all cases once a round in a shuffled order (seeded
+    by the round), after one untimed round. The setting in force before is restored."""
+    cases = [(start, m) for start in starts for m in rows]
+    samples: dict[tuple[int, int], list[float]] = defaultdict(list)
+    was = kernel_pair_rows()
+    try:
+        for r in range(rounds + 1):
+            order = cases[:]
+            random.Random(r).shuffle(order)
+            for start, m in order:
+                kernel_pair_rows(start)
+                t0 = time.perf_counter()
+                forward(m)
+                if r:
+                    samples[(start, m)].append(time.perf_counter() - t0)
+    finally:
+        kernel_pair_rows(was)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def pairs_table(
+    times: dict[tuple[int, int], float], starts: Sequence[int], rows: tuple[int, ...] = ROWS
+) -> str:
+    """Per pair_rows setting in `starts`, a forward of each row count over one row at the
+    first of them."""
+    one = times[(starts[0], rows[0])]
+    table = [
+        {"from": start, **{f"x{m}": times[(start, m)] / one for m in rows}} for start in starts
+    ]
+    cols = [Column("from", "pairs from")]
+    cols += [Column(f"x{m}", f"{m} row{'s' * (m > 1)}", ".3f") for m in rows]
+    return f"one row at pairs from {starts[0]}: {one * 1e3:.2f} ms\n" + format_table(table, cols)

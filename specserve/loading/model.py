@@ -23,6 +23,7 @@ from specserve.models.config import ModelConfig
 from specserve.models.layers.embedding import QuantizedEmbedding, QuantizedTable
 from specserve.models.layers.lowbit import LowbitLinear
 from specserve.models.layers.lowbit_fused import fuse_lowbit
+from specserve.models.layers.lowbit_pairs import tune_pairs
 from specserve.models.layers.packed import pack_linears
 from specserve.models.layers.quant import (
     WEIGHT_MODES,
@@ -275,6 +276,7 @@ def load_model(
         if lowbit:
             fuse_lowbit(model)
             records_to_huge_pages(model)  # fewer TLB misses per step (loading/hugepages.py)
+            tune_pairs(model)
         _cast_floats(model, compute)
     if prepack:
         pack_linears(model)  # only float32 CPU linears; a no-op otherwise

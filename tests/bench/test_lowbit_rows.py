@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from specserve.bench.decode import print_by_kind
-from specserve.bench.lowbit_rows import ROWS, call_groups, kinds_table, time_groups
+from specserve.bench.lowbit_rows import (
+    ROWS,
+    call_groups,
+    kinds_table,
+    pairs_table,
+    time_groups,
+    time_pairs,
+)
 from specserve.cli import build_parser
 from specserve.loading.model import load_model
 from specserve.models.layers.lowbit import LowbitCall
@@ -69,3 +76,39 @@ def test_the_flag_parses() -> None:
     args = build_parser().parse_args(["bench", "decode", "--by-kind"])
     assert args.by_kind
     assert not build_parser().parse_args(["bench", "decode"]).by_kind
+
+
+@needs_lowbit
+def test_pairs_are_timed_from_each_start_at_every_row_count() -> None:
+    from specserve.models.layers.lowbit_pairs import kernel_pair_rows
+
+    seen: list[tuple[int, int]] = []
+    was = kernel_pair_rows(5)
+    try:
+        times = time_pairs(lambda m: seen.append((kernel_pair_rows(), m)), [4, 1], rounds=2)
+        assert kernel_pair_rows() == 5  # the setting before is back
+    finally:
+        kernel_pair_rows(was)
+    cases = {(start, m) for start in (4, 1) for m in ROWS}
+    assert set(times) == cases
+    assert sorted(seen) == sorted(list(cases) * 3)  # a warm round and two timed
+
+
+def test_the_pairs_table_divides_by_one_row_at_the_first_start() -> None:
+    # timed in a shuffled order: the table follows the starts as asked, not the timings'
+    times = {
+        (start, m): (1 + m) * 1e-3 / (2 if start == 1 else 1) for start in (1, 4) for m in ROWS
+    }
+    out = pairs_table(times, [4, 1])
+    assert out.startswith("one row at pairs from 4: 2.00 ms")
+    rows = {line.split("|")[0].strip(): line for line in out.splitlines() if "|" in line}
+    assert [c.strip() for c in rows["1"].split("|")][1:3] == ["0.500", "0.750"]
+    assert [c.strip() for c in rows["4"].split("|")][1:3] == ["1.000", "1.500"]
+
+
+def test_pair_rows_parses_positive_counts(capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(["bench", "decode", "--pair-rows", "4,1"])
+    assert args.pair_rows == [4, 1]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "decode", "--pair-rows", "4,0"])
+    assert "must be at least 1" in capsys.readouterr().err

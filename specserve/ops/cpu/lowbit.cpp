@@ -200,10 +200,14 @@ std::atomic<int>& isa() {
 }
 
 // VNNI calls of this many rows or more take two tiles per 512-bit vector (lowbit_vnni.cpp):
-// twice the multiplies per instruction, for the rows of verification and prefill. Fewer rows
-// are bound by memory, and there one tile per 256-bit vector (one stream of records) reads
-// faster (figures: docs/perf/lowbit.md).
-constexpr int64_t PAIR_ROWS = 4;
+// twice the multiplies per instruction, for the rows of verification and prefill. Where fewer
+// rows run one tile per 256-bit vector depends on the CPU: on a Zen 4 or 5 one stream of
+// records reads faster there, on an Intel Xeon two do even at one row, so a model's loading
+// times both and sets this (models/layers/lowbit_pairs.py; figures: docs/perf/lowbit.md).
+std::atomic<int64_t>& pair_rows() {
+  static std::atomic<int64_t> value{4};
+  return value;
+}
 // x rows in chunks of about this many bytes, so that a chunk stays in L2 while a thread
 // walks its tiles (a tile's records are read once per chunk)
 constexpr int64_t CHUNK_BYTES = 256 * 1024;
@@ -242,7 +246,7 @@ void walk(bool vnni, const std::vector<Part>& parts, const std::vector<int64_t>&
           const XRows& x, int64_t t0, int64_t t1, int64_t n_out, float* yp, const float* bias) {
   const int64_t M = x.rows, K = x.nblocks * BLOCK;
   const int64_t group = vnni ? lowbit::VNNI_ROWS : lowbit::AVX2_ROWS;
-  const bool pairs = vnni && M >= PAIR_ROWS;
+  const bool pairs = vnni && M >= pair_rows().load();
   const int64_t chunk = std::max<int64_t>(group, CHUNK_BYTES / K / group * group);
   for (int64_t mc = 0; mc < M; mc += chunk) {
     const int64_t me = std::min(M, mc + chunk);
@@ -381,3 +385,9 @@ std::string lowbit_isa(const std::string& want) {
 }
 
 bool lowbit_wide() { return isa().load() == VNNI; }
+
+int64_t lowbit_pair_rows(int64_t rows) {
+  TORCH_CHECK(rows >= 0, "lowbit_pair_rows: rows must be >= 0 (0: only ask)");
+  if (rows > 0) pair_rows().store(rows);
+  return pair_rows().load();
+}

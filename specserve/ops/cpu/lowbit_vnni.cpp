@@ -12,14 +12,15 @@
 //       sum((w + 128) q_x) - 128 sum(q_x) is the exact dot, the chain starting at the
 //       second term. (With x + 128 unsigned, sum(w) took one more vpdpbusd a step;
 //       figures: docs/perf/lowbit.md.)
-// From 4 rows up (lowbit.cpp's PAIR_ROWS) each vector (Z) holds two neighbouring tiles (16
-// outputs: the first tile's record in the low 256 bits, the second's, `stride` bytes on, in
-// the high), so every instruction does twice the work of a 256-bit one: Zen 5 runs 512-bit
-// vpdpbusd at the rate of 256-bit ones (two a cycle), and that rate bounds verification's
-// and prefill's many rows. Fewer rows run one tile per 256-bit vector (YV): on a Zen 5 one
-// stream of records reads faster there, and on a Zen 4, which splits 512-bit instructions in
-// halves, pairs from 2 rows up made 2 rows dearer (figures: docs/perf/lowbit.md,
-// 2026-11-30-head-and-rows.md).
+// From lowbit.cpp's `pair_rows` rows up (4, or as a model's loading timed it) each vector
+// (Z) holds two neighbouring tiles (16 outputs: the first tile's record in the low 256 bits,
+// the second's, `stride` bytes on, in the high), so every instruction does twice the work of
+// a 256-bit one: Zen 5 runs 512-bit vpdpbusd at the rate of 256-bit ones (two a cycle), and
+// that rate bounds verification's and prefill's many rows. Fewer rows run one tile per
+// 256-bit vector (YV): on a Zen 5 one stream of records reads faster there, and on a Zen 4,
+// which splits 512-bit instructions in halves, pairs from 2 rows up made 2 rows dearer; on an
+// Intel Xeon pairs were faster from one row (figures: docs/perf/lowbit.md,
+// 2026-11-30-head-and-rows.md, 2026-12-01-xeon-pairs.md).
 // The dots are exact integers, as on AVX2, and lowbit_tile.h turns them into float32 with
 // the same operations per output: both paths give the same bits.
 //

@@ -8,6 +8,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lowbit_isa", &lowbit_isa,
         "the low-bit kernels' instruction set ('avx2' or 'avx512vnni'); an argument sets it "
         "('auto': the best this CPU has; '': only ask). Both give the same bits.");
+  m.def("lowbit_pair_rows", &lowbit_pair_rows,
+        "VNNI calls of this many rows or more take two tiles per 512-bit vector; an argument "
+        "sets it (0: only ask). Both give the same bits.");
   m.def("cached_attention", &cached_attention,
         "attention of q [T, H, D] over the slot KV cache, every row alone (causal, window)");
   m.def("attend_qkv", &attend_qkv,
