@@ -18,6 +18,7 @@ torch::Tensor lowbit_linear(torch::Tensor x, const std::vector<torch::Tensor>& r
 std::string lowbit_isa(const std::string& want);
 // true where that instruction set is AVX-512 (attention.cpp then runs its 512-bit tasks)
 bool lowbit_wide();
+// VNNI calls of this many rows or more pair tiles per 512-bit vector (0 asks; > 0 sets it)
 int64_t lowbit_pair_rows(int64_t rows);
 
 torch::Tensor cached_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
