@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import torch
 
-from specserve.models.layers.lowbit import LowbitLinear, Q4KLinear
+from specserve.models.layers.lowbit import (
+    LowbitLinear,
+    Q4KLinear,
+    Q4Linear,
+    Q5Linear,
+    Q6KLinear,
+    Q6Linear,
+    Q8Linear,
+)
 from specserve.ops.naive.lowbit import GROUP, READERS, lowbit_linear
 
 
@@ -55,3 +63,16 @@ def q6k_groups(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, t
     sc = torch.randint(-128, 128, (n, k // 16), generator=g).to(torch.int8)
     d = (torch.rand(n, k // 256, 1, generator=g) * 1e-3).half().float()
     return q, d.expand(-1, -1, 256 // GROUP).reshape(n, k // GROUP), sc
+
+
+KINDS = [Q8Linear, Q4Linear, Q5Linear, Q6Linear, Q4KLinear, Q6KLinear]
+
+
+def any_kind(cls: type) -> tuple[LowbitLinear, torch.Tensor]:
+    """A layer of kind `cls` over 70 outputs (a padded last tile) x 1024 inputs, and x [37, K]."""
+    w, bias, x = case(n=70, k=1024, m=37)
+    if cls is Q4KLinear:
+        return q4k_layer(n=70, k=1024), x
+    if cls is Q6KLinear:
+        return Q6KLinear.from_groups(*q6k_groups(70, 1024, seed=12), bias), x
+    return cls(w, bias), x

@@ -8,7 +8,6 @@ import torch
 
 from specserve.models.layers.lowbit import (
     LowbitLinear,
-    Q4KLinear,
     Q4Linear,
     Q5Linear,
     Q6KLinear,
@@ -26,7 +25,16 @@ from specserve.ops.naive.lowbit import (
     q8_blocks,
 )
 from tests.isa import kernel_isas
-from tests.models.lowbit_cases import case, q4k_layer, q6k_groups, record_values, reference, twin
+from tests.models.lowbit_cases import (
+    KINDS,
+    any_kind,
+    case,
+    q4k_layer,
+    q6k_groups,
+    record_values,
+    reference,
+    twin,
+)
 
 pytestmark = pytest.mark.skipif(problem() is not None, reason=f"low-bit kernels: {problem()}")
 
@@ -126,23 +134,10 @@ def test_kernel_computes_the_quantized_arithmetic(cls: type, isa: str) -> None:
     )
 
 
-KINDS = [*BLOCKS, Q4KLinear, Q6KLinear]
-
-
-def _any_kind(cls: type) -> tuple[LowbitLinear, torch.Tensor]:
-    """A layer of kind `cls` over 70 outputs (a padded last tile) x 1024 inputs, and x [37, K]."""
-    w, bias, x = case(n=70, k=1024, m=37)
-    if cls is Q4KLinear:
-        return q4k_layer(n=70, k=1024), x
-    if cls is Q6KLinear:
-        return Q6KLinear.from_groups(*q6k_groups(70, 1024, seed=12), bias), x
-    return cls(w, bias), x
-
-
 @pytest.mark.parametrize("cls", KINDS)
 def test_kernel_gives_the_naive_twins_bits(cls: type, isa: str) -> None:
     # the twin's float32 steps, rounded as the kernel rounds them and in its order
-    layer, x = _any_kind(cls)
+    layer, x = any_kind(cls)
     assert torch.equal(layer(x), twin(x, layer))
 
 
@@ -288,7 +283,7 @@ def test_fused_q_k_v_and_gate_up_give_the_same_bits() -> None:
 def test_every_instruction_set_gives_the_same_bits(cls: type) -> None:
     # the VNNI dots are the same integers (q8 by way of x + 128, q6 and q4k's sub-scales by
     # 32-bit multiplies) and the float steps shared
-    layer, x = _any_kind(cls)
+    layer, x = any_kind(cls)
     got = {}
     try:
         for name in kernel_isas():

@@ -8,23 +8,13 @@ import torch
 from torch import nn
 
 from specserve.errors import SpecserveError
-from specserve.models.layers.lowbit import (
-    LowbitLinear,
-    Q4KLinear,
-    Q4Linear,
-    Q5Linear,
-    Q6KLinear,
-    Q6Linear,
-    Q8Linear,
-)
+from specserve.models.layers.lowbit import Q4KLinear, Q5Linear, Q8Linear
 from specserve.models.layers.lowbit_pairs import ENV, kernel_pair_rows, threshold, tune_pairs
 from specserve.ops.cpu.build import problem
 from tests.isa import kernel_isas
-from tests.models.lowbit_cases import case, q4k_layer, q6k_groups, twin
+from tests.models.lowbit_cases import KINDS, any_kind, twin
 
 pytestmark = pytest.mark.skipif(problem() is not None, reason=f"low-bit kernels: {problem()}")
-
-KINDS = [Q8Linear, Q6Linear, Q5Linear, Q4Linear, Q4KLinear, Q6KLinear]
 
 
 @pytest.fixture
@@ -37,24 +27,13 @@ def pair_rows():
         kernel_pair_rows(was)
 
 
-def _layer(cls: type) -> LowbitLinear:
-    """70 outputs (9 tiles: a pair walk ends on a lone, padded tile) x 512 inputs."""
-    if cls is Q4KLinear:
-        return q4k_layer(n=70, k=512, seed=4)
-    if cls is Q6KLinear:
-        return Q6KLinear.from_groups(*q6k_groups(70, 512, seed=5), None)
-    w, bias, _ = case(n=70, k=512)
-    return cls(w, bias)
-
-
 NO_VNNI = pytest.mark.skipif(len(kernel_isas()) < 2, reason="this CPU has only AVX2: no pairs")
 
 
 @NO_VNNI
 @pytest.mark.parametrize("cls", KINDS)
 def test_paired_and_single_walks_give_the_same_bits(cls: type, pair_rows: None) -> None:
-    layer = _layer(cls)
-    x = torch.randn(6, 512, generator=torch.Generator().manual_seed(6))
+    layer, x = any_kind(cls)  # 9 tiles: a pair walk ends on a lone, padded tile
     for m in range(1, 7):
         got = {}
         for start in (1, m, m + 1):  # pairs at this row count, and not
@@ -84,7 +63,7 @@ def test_a_small_model_is_not_timed(monkeypatch: pytest.MonkeyPatch, pair_rows: 
     # a tiny model's calls are too short to tell the walks apart: the setting stays
     monkeypatch.delenv(ENV, raising=False)
     kernel_pair_rows(3)
-    assert tune_pairs(nn.Sequential(_layer(Q8Linear), _layer(Q5Linear))) is None
+    assert tune_pairs(nn.Sequential(any_kind(Q8Linear)[0], any_kind(Q5Linear)[0])) is None
     assert kernel_pair_rows() == 3
 
 
@@ -95,7 +74,7 @@ def test_timing_sets_what_it_chose(monkeypatch: pytest.MonkeyPatch, pair_rows: N
     monkeypatch.delenv(ENV, raising=False)
     monkeypatch.setattr(lowbit_pairs, "LEAST_BYTES", 0)
     kernel_pair_rows(7)
-    chosen = tune_pairs(nn.Sequential(_layer(Q8Linear), _layer(Q4KLinear)))
+    chosen = tune_pairs(nn.Sequential(any_kind(Q8Linear)[0], any_kind(Q4KLinear)[0]))
     assert chosen in (1, 2, 3, 4) and kernel_pair_rows() == chosen
 
 
