@@ -22,16 +22,17 @@ import torch
 
 from specserve.bench.args import positive, positives
 from specserve.bench.lowbit_rows import (
+    ROWS,
     call_groups,
     kinds_table,
     pairs_table,
     time_groups,
-    time_pairs,
 )
 from specserve.bench.server_process import read_rss_mib, reset_peak_rss
 from specserve.engine.runner import ModelRunner, SlotInput
 from specserve.errors import SpecserveError
 from specserve.models.layers.lowbit import kernel_isa
+from specserve.models.layers.lowbit_pairs import time_pairs
 from specserve.trim import release_freed_memory
 
 KS = (1, 2, 4, 8, 16)
@@ -241,7 +242,8 @@ def print_pairs(name: str, variant: str, runner: ModelRunner, args: argparse.Nam
         runner.memory.commit(0, base)
         _timed(runner, lambda: runner.forward([SlotInput(0, prompt[:m], m)]))
 
-    times = time_pairs(forward, args.pair_rows, args.repeats)
+    samples = time_pairs(forward, args.pair_rows, args.repeats, ROWS)
+    times = {case: statistics.median(seconds) for case, seconds in samples.items()}
     print(f"[{name} {variant}] forwards by where pairs start:", flush=True)
     print(pairs_table(times, args.pair_rows), flush=True)
 

@@ -13,18 +13,16 @@ projections held 29 % of its layers' bytes and 59 % of what a second row added
 
 from __future__ import annotations
 
-import random
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from specserve.bench.report import Column, format_table, interleaved
 from specserve.models.layers.lowbit import LowbitCall
-from specserve.models.layers.lowbit_pairs import kernel_pair_rows
 from specserve.ops.naive.lowbit import Q4, Q4K, Q5, Q6, Q6K, Q8
 
 ROWS = (1, 2, 3, 4, 8)
@@ -94,30 +92,6 @@ def _row(
         row[f"ms{m}"] = s * 1e3
         row[f"x{m}"] = s / seconds[0] if seconds[0] > 0 else None
     return row
-
-
-def time_pairs(
-    forward: Callable[[int], None], starts: Sequence[int], rounds: int, rows: tuple[int, ...] = ROWS
-) -> dict[tuple[int, int], float]:
-    """The median seconds of `forward(m)` (a forward of m rows) with pairs from each of
-    `starts` rows, for every m in `rows`: all cases once a round in a shuffled order (seeded
-    by the round), after one untimed round. The setting in force before is restored."""
-    cases = [(start, m) for start in starts for m in rows]
-    samples: dict[tuple[int, int], list[float]] = defaultdict(list)
-    was = kernel_pair_rows()
-    try:
-        for r in range(rounds + 1):
-            order = cases[:]
-            random.Random(r).shuffle(order)
-            for start, m in order:
-                kernel_pair_rows(start)
-                t0 = time.perf_counter()
-                forward(m)
-                if r:
-                    samples[(start, m)].append(time.perf_counter() - t0)
-    finally:
-        kernel_pair_rows(was)
-    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def pairs_table(

@@ -15,7 +15,6 @@ from specserve.bench.lowbit_rows import (
     kinds_table,
     pairs_table,
     time_groups,
-    time_pairs,
 )
 from specserve.cli import build_parser
 from specserve.loading.model import load_model
@@ -80,18 +79,21 @@ def test_the_flag_parses() -> None:
 
 @needs_lowbit
 def test_pairs_are_timed_from_each_start_at_every_row_count() -> None:
-    from specserve.models.layers.lowbit_pairs import kernel_pair_rows
+    from specserve.models.layers.lowbit_pairs import kernel_pair_rows, time_pairs
 
     seen: list[tuple[int, int]] = []
     was = kernel_pair_rows(5)
     try:
-        times = time_pairs(lambda m: seen.append((kernel_pair_rows(), m)), [4, 1], rounds=2)
+        times = time_pairs(lambda m: seen.append((kernel_pair_rows(), m)), [4, 1], 2, ROWS)
         assert kernel_pair_rows() == 5  # the setting before is back
     finally:
         kernel_pair_rows(was)
     cases = {(start, m) for start in (4, 1) for m in ROWS}
-    assert set(times) == cases
+    assert set(times) == cases and all(len(t) == 2 for t in times.values())
     assert sorted(seen) == sorted(list(cases) * 3)  # a warm round and two timed
+    # each row count's two settings run side by side, the first of them alternating
+    assert all(seen[i][1] == seen[i + 1][1] for i in range(0, len(seen), 2))
+    assert [seen[i][0] for i in (0, 2 * len(ROWS))] == [4, 1]
 
 
 def test_the_pairs_table_divides_by_one_row_at_the_first_start() -> None:

@@ -14,9 +14,11 @@ SPECSERVE_PAIR_ROWS=N sets it instead.
 from __future__ import annotations
 
 import os
+import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from operator import truediv
 
 import torch
 from torch import nn
@@ -29,9 +31,10 @@ from specserve.ops.cpu.build import load
 # kernels always pair (their default)
 ROWS = 3
 DEFAULT = ROWS + 1
-# interleaved rounds timed after one that warms: a VM's speed drifts within seconds, and both
-# walks of one row count are timed back to back in each round
-ROUNDS = 3
+# rounds timed after one that warms, every case once a round (`time_pairs`): with 3, a slow
+# stretch now and then still made one row count's ratio fall under 1
+# (docs/perf/2026-12-01-xeon-pairs.md)
+ROUNDS = 5
 # a model whose low-bit records are fewer bytes than this is not timed (tests' tiny models):
 # its calls are too short to tell the walks apart
 LEAST_BYTES = 64 << 20
@@ -64,30 +67,44 @@ def tune_pairs(model: nn.Module) -> int | None:
     size = sum(r.numel() * r.element_size() for c in calls for r in c.parts()[0])
     if kernel_isa() != "avx512vnni" or size < LEAST_BYTES:
         return None
+    rows = tuple(range(1, ROWS + 1))
+    xs = {(m, k): torch.randn(m, k) for m in rows for k in {c.in_features for c in calls}}
+
+    def run(m: int) -> None:  # every call once, as a forward reads them
+        for c in calls:
+            c.matmul(xs[(m, c.in_features)])
+
+    with torch.inference_mode():
+        seconds = time_pairs(run, (DEFAULT, 1), ROUNDS, rows)
+    # each row count's median over the rounds of single / paired seconds, paired taken as 1
+    ratios = [statistics.median(map(truediv, seconds[(DEFAULT, m)], seconds[(1, m)])) for m in rows]
+    return kernel_pair_rows(threshold(ratios, [1.0] * len(rows)))
+
+
+def time_pairs(
+    run: Callable[[int], None], starts: Sequence[int], rounds: int, rows: Sequence[int]
+) -> dict[tuple[int, int], list[float]]:
+    """The seconds of `run(m)` (m rows' worth of work) with pairs from each of `starts` rows,
+    for every m in `rows`, one per round: each round takes the row counts in a shuffled order
+    (seeded by the round) and each count's settings back to back, the first of them one
+    further along each round, after one untimed round. Timed side by side, a round's ratios
+    between settings leave out the VM's drift: timed apart, a slow stretch over one case
+    made loading choose the walk that was 10-30 % slower (docs/perf/2026-12-01-xeon-pairs.md).
+    The setting in force before is restored."""
+    samples: dict[tuple[int, int], list[float]] = {(s, m): [] for s in starts for m in rows}
     was = kernel_pair_rows()
     try:
-        seconds = _time_walks(calls)
+        for r in range(rounds + 1):
+            order = list(rows)
+            random.Random(r).shuffle(order)
+            turn = r % len(starts)
+            for m in order:
+                for start in [*starts[turn:], *starts[:turn]]:
+                    kernel_pair_rows(start)
+                    t0 = time.perf_counter()
+                    run(m)
+                    if r:
+                        samples[(start, m)].append(time.perf_counter() - t0)
     finally:
         kernel_pair_rows(was)
-    single = [statistics.median(seconds[(m, False)]) for m in range(1, ROWS + 1)]
-    paired = [statistics.median(seconds[(m, True)]) for m in range(1, ROWS + 1)]
-    return kernel_pair_rows(threshold(single, paired))
-
-
-@torch.inference_mode()
-def _time_walks(calls: list[LowbitCall]) -> dict[tuple[int, bool], list[float]]:
-    """Seconds of every call once, per (rows, paired), over ROUNDS rounds after a warm one;
-    the two walks alternate which goes first."""
-    widths = {c.in_features for c in calls}
-    xs = {(m, k): torch.randn(m, k) for m in range(1, ROWS + 1) for k in widths}
-    seconds: dict[tuple[int, bool], list[float]] = {}
-    for r in range(ROUNDS + 1):
-        for m in range(1, ROWS + 1):
-            for paired in (True, False) if r % 2 else (False, True):
-                kernel_pair_rows(1 if paired else DEFAULT)
-                t0 = time.perf_counter()
-                for c in calls:
-                    c.matmul(xs[(m, c.in_features)])
-                if r:
-                    seconds.setdefault((m, paired), []).append(time.perf_counter() - t0)
-    return seconds
+    return samples
