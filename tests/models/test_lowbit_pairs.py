@@ -73,9 +73,19 @@ def test_timing_sets_what_it_chose(monkeypatch: pytest.MonkeyPatch, pair_rows: N
 
     monkeypatch.delenv(ENV, raising=False)
     monkeypatch.setattr(lowbit_pairs, "LEAST_BYTES", 0)
+    monkeypatch.setattr(lowbit_pairs, "_chosen", None)  # as a fresh process
     kernel_pair_rows(7)
-    chosen = tune_pairs(nn.Sequential(any_kind(Q8Linear)[0], any_kind(Q4KLinear)[0]))
+    model = nn.Sequential(any_kind(Q8Linear)[0], any_kind(Q4KLinear)[0])
+    chosen = tune_pairs(model)
     assert chosen in (1, 2, 3, 4) and kernel_pair_rows() == chosen
+    # a second model in the process takes the choice without timing again
+    kernel_pair_rows(7)
+
+    def timed(*args: object) -> None:
+        raise AssertionError("timed again")
+
+    monkeypatch.setattr(lowbit_pairs, "time_pairs", timed)
+    assert tune_pairs(model) == chosen == kernel_pair_rows()
 
 
 def test_pair_rows_must_be_positive() -> None:

@@ -39,6 +39,9 @@ ROUNDS = 5
 # its calls are too short to tell the walks apart
 LEAST_BYTES = 64 << 20
 ENV = "SPECSERVE_PAIR_ROWS"
+# what this process's first timing chose: the CPU's property, not a model's, so a second
+# model (a draft model, a benchmark's next) takes it without timing again
+_chosen: int | None = None
 
 
 def kernel_pair_rows(rows: int = 0) -> int:
@@ -57,7 +60,9 @@ def threshold(single: Sequence[float], paired: Sequence[float]) -> int:
 def tune_pairs(model: nn.Module) -> int | None:
     """Time `model`'s low-bit calls with 1..ROWS rows both ways, set pair_rows to match
     (`threshold`) and return it; None where nothing was timed (not VNNI, a small model). The
-    environment's SPECSERVE_PAIR_ROWS, where set, is taken instead."""
+    environment's SPECSERVE_PAIR_ROWS, where set, is taken instead, and after the process's
+    first timing, what it chose."""
+    global _chosen
     want = os.environ.get(ENV)
     if want is not None:
         if not want.isdigit() or int(want) < 1:
@@ -67,6 +72,8 @@ def tune_pairs(model: nn.Module) -> int | None:
     size = sum(r.numel() * r.element_size() for c in calls for r in c.parts()[0])
     if kernel_isa() != "avx512vnni" or size < LEAST_BYTES:
         return None
+    if _chosen is not None:
+        return kernel_pair_rows(_chosen)
     rows = tuple(range(1, ROWS + 1))
     xs = {(m, k): torch.randn(m, k) for m in rows for k in {c.in_features for c in calls}}
 
@@ -78,7 +85,8 @@ def tune_pairs(model: nn.Module) -> int | None:
         seconds = time_pairs(run, (DEFAULT, 1), ROUNDS, rows)
     # each row count's median over the rounds of single / paired seconds, paired taken as 1
     ratios = [statistics.median(map(truediv, seconds[(DEFAULT, m)], seconds[(1, m)])) for m in rows]
-    return kernel_pair_rows(threshold(ratios, [1.0] * len(rows)))
+    _chosen = kernel_pair_rows(threshold(ratios, [1.0] * len(rows)))
+    return _chosen
 
 
 def time_pairs(
