@@ -90,7 +90,9 @@ def cached_answers(
     decodes only the prompts no cached file of this model and length answered (a greedy reply
     to the same prompt ids is the same text, whatever ask set or seed it came in). Each
     reply ends at the model's end of turn, as a served one does; files written before
-    replies stopped there are cut on reading (`until_stop`)."""
+    replies stopped there are cut on reading (`until_stop`). A reply a file of a shorter
+    max_tokens holds is read back whole where it ended at its end of turn, and decoded on
+    from where that file's cap cut it otherwise (`_continued`)."""
     questions = asks(n, seed)
     path = _answers_path(model, questions, max_tokens, seed)
     stop = loaded.tokenizer.eog_ids if loaded.tokenizer is not None else frozenset()
@@ -98,6 +100,9 @@ def cached_answers(
         return [(p, until_stop(r, stop)) for p, r in json.loads(path.read_text())]
     prompts = [chat_prompt(loaded, q) for q in questions]
     known = _known_answers(model, max_tokens)
+    cut = _shorter_answers(model, max_tokens, stop, known)
+    known.update(_continued(loaded, [(p, cut[tuple(p)]) for p in prompts if tuple(p) in cut],
+                            max_tokens, stop))  # fmt: skip
     missing = [p for p in prompts if tuple(p) not in known]
     if missing:
         made = answers(loaded, missing, max_tokens, stop_ids=stop)
@@ -126,10 +131,59 @@ def _answers_path(model: str, questions: list[str], max_tokens: int, seed: int) 
 def _known_answers(model: str, max_tokens: int) -> dict[tuple[int, ...], list[int]]:
     """prompt ids -> reply, from every cached file of this model and reply length."""
     known: dict[tuple[int, ...], list[int]] = {}
-    folder = cache_dir() / "head-answers"
-    for path in sorted(folder.glob(f"{model_stem(model)}-*x{max_tokens}-*.json")):
-        known.update((tuple(p), r) for p, r in json.loads(path.read_text()))
+    for path, cap in _answer_files(model):
+        if cap == max_tokens:
+            known.update((tuple(p), r) for p, r in json.loads(path.read_text()))
     return known
+
+
+def _shorter_answers(
+    model: str, max_tokens: int, stop: frozenset[int], known: dict[tuple[int, ...], list[int]]
+) -> dict[tuple[int, ...], list[int]]:
+    """prompt ids -> reply, from the cached files of this model with a shorter max_tokens,
+    for the prompts `known` lacks: a greedy reply is the same text whatever the cap (but for
+    rounding where two tokens all but tie), so a reply that ended at its end of turn is
+    whole, and one its cap cut is where a longer one starts. Each prompt's longest is kept."""
+    found: dict[tuple[int, ...], list[int]] = {}
+    for path, cap in _answer_files(model):
+        if cap >= max_tokens:
+            continue
+        for p, r in json.loads(path.read_text()):
+            reply = until_stop(r, stop)
+            if tuple(p) not in known and len(reply) > len(found.get(tuple(p), ())):
+                found[tuple(p)] = reply
+    return found
+
+
+def _continued(
+    loaded: LoadedModel,
+    cut: list[tuple[list[int], list[int]]],
+    max_tokens: int,
+    stop: frozenset[int],
+) -> dict[tuple[int, ...], list[int]]:
+    """Shorter replies made up to max_tokens long: a whole one as it is, one its cap cut
+    decoded on from its prompt and text (those with as many tokens left in one batch)."""
+    done = {tuple(p): r for p, r in cut if (r and r[-1] in stop) or len(r) >= max_tokens}
+    by_left: dict[int, list[tuple[list[int], list[int]]]] = {}
+    for p, r in cut:
+        if tuple(p) not in done:
+            by_left.setdefault(max_tokens - len(r), []).append((p, r))
+    for left, group in by_left.items():
+        made = answers(loaded, [p + r for p, r in group], left, stop_ids=stop)
+        done.update((tuple(p), r + more) for (p, r), (_, more) in zip(group, made, strict=True))
+    return done
+
+
+def _answer_files(model: str) -> list[tuple[Path, int]]:
+    """Each cached answers file of this model and the max_tokens it was made with."""
+    folder = cache_dir() / "head-answers"
+    files = []
+    for path in sorted(folder.glob(f"{model_stem(model)}-*x*-*.json")):
+        shape = path.name.removeprefix(f"{model_stem(model)}-").split("-")[0]
+        count, _, cap = shape.partition("x")
+        if count.isdigit() and cap.isdigit():
+            files.append((path, int(cap)))
+    return files
 
 
 def chat_prompt(loaded: LoadedModel, question: str) -> list[int]:

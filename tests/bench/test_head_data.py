@@ -78,3 +78,31 @@ def test_a_reply_ends_at_its_first_end_of_turn_even_in_a_file_cached_before(
     loaded = SimpleNamespace(tokenizer=SimpleNamespace(eog_ids=frozenset({2})))
     got = head_data.cached_answers(loaded, "m", 2, 8, 0)  # type: ignore[arg-type]
     assert got == [([1], [4, 2]), ([3], [4, 4])]
+
+
+def test_a_longer_cap_reads_whole_replies_back_and_decodes_cut_ones_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Answers cached at max_tokens 4: one ended at its end of turn, one its cap cut. Asked
+    for 6, the first is read back as it is and only the second is decoded, from where it was
+    cut, for the 2 tokens left."""
+    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path))
+    questions = head_data.asks(3, 0)
+    prompts = [[ord(c) for c in q] for q in questions]
+    short = head_data._answers_path("m", questions[:2], 4, 0)
+    short.parent.mkdir(parents=True)
+    short.write_text(json.dumps([[prompts[0], [7, 2]], [prompts[1], [7, 8, 9, 10]]]))
+    decoded = []
+
+    def fake(loaded, asked, max_tokens, stop_ids):  # noqa: ANN001, ANN202
+        decoded.append((asked, max_tokens))
+        return [(p, [11] * max_tokens) for p in asked]
+
+    monkeypatch.setattr(head_data, "answers", fake)
+    chat = SimpleNamespace(chat=lambda m: [ord(c) for c in m[0]["content"]], eog_ids=frozenset({2}))
+    got = head_data.cached_answers(SimpleNamespace(tokenizer=chat), "m", 3, 6, 0)  # type: ignore[arg-type]
+    whole, continued = (prompts[0], [7, 2]), (prompts[1], [7, 8, 9, 10, 11, 11])
+    assert got == [whole, continued, (prompts[2], [11] * 6)]
+    assert decoded == [([prompts[1] + [7, 8, 9, 10]], 2), ([prompts[2]], 6)]
+    # a cap as long as the cached one's, or shorter, takes nothing from it
+    assert head_data._shorter_answers("m", 4, frozenset({2}), {}) == {}
