@@ -161,9 +161,10 @@ def _continued(
     max_tokens: int,
     stop: frozenset[int],
 ) -> dict[tuple[int, ...], list[int]]:
-    """Shorter replies made up to max_tokens long: a whole one as it is, one its cap cut
-    decoded on from its prompt and text (those with as many tokens left in one batch)."""
-    done = {tuple(p): r for p, r in cut if (r and r[-1] in stop) or len(r) >= max_tokens}
+    """Shorter replies (`_shorter_answers`) made up to max_tokens long: a whole one as it is,
+    one its cap cut decoded on from its prompt and text (those with as many tokens left in
+    one batch)."""
+    done = {tuple(p): r for p, r in cut if r and r[-1] in stop}
     by_left: dict[int, list[tuple[list[int], list[int]]]] = {}
     for p, r in cut:
         if tuple(p) not in done:
