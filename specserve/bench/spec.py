@@ -13,6 +13,9 @@ Workloads (chat template, greedy):
   model's own answer with identifiers renamed (EDITS), as a client holding an earlier,
   edited answer would send it. Only configurations with the `prediction` drafter use it.
 - prose: "Write a short story about a lighthouse keeper." Little to copy.
+- {mergesort,stack,bfs}-{c,java,python}, prose-clockmaker: turn 1 asking for other programs
+  and another story. Nothing was tuned on them: a head or rule chosen by how it served the
+  four answers above should serve these as well. Run only when named.
 - json: a table of sorting algorithms asked for in JSON mode (`response_format`
   json_object: constrained decoding, grammar/); keys repeat in every entry.
 - json-schema: the same ask held to a JSON schema (SORTS): its keys, separators and enum
@@ -61,6 +64,7 @@ from specserve.bench.spec_report import (
 from specserve.bench.spec_rounds import Started, Warm, alone, rounds
 from specserve.bench.spec_workloads import (
     GRAMMARS,
+    UNTUNED,
     WORKLOADS,
     edited,
     messages,
@@ -98,7 +102,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
         default=["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"],
         help="target models (names or paths)",
     )
-    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS + UNTUNED)
     p.add_argument(
         "--spec-types",
         nargs="+",

@@ -7,10 +7,15 @@ from typing import Any
 from specserve.grammar.formats import Grammar
 
 TURN1 = (
-    "Write a quicksort demo in {lang}. Please, write just code. Do not write any extra comments."
+    "Write a {program} demo in {lang}. Please, write just code. Do not write any extra comments."
 )
 TURN2 = "Rewrite the same program with descriptive variable names."
 PROSE = "Write a short story about a lighthouse keeper."
+# UNTUNED: answers of the same kinds that nothing was tuned on, since a head or a rule chosen
+# by how it serves quicksort-* and prose would fit those; it is judged on these too
+PROGRAMS = {"quicksort": "quicksort", "mergesort": "merge sort", "stack": "stack",
+            "bfs": "breadth-first search"}  # fmt: skip
+STORIES = {"prose": PROSE, "prose-clockmaker": "Write a short story about a clockmaker."}
 JSON_ASK = (
     "List six sorting algorithms as a JSON object: for each, its average and worst time "
     "complexity, its memory use and whether it is stable."
@@ -28,6 +33,8 @@ WORKLOADS = (
     "json-schema",
     "json-free",
 )
+# asked for by name only (not in the default run): UNTUNED's programs and story
+UNTUNED = (*(f"{p}-{k}" for p in PROGRAMS if p != "quicksort" for k in LANGS), "prose-clockmaker")
 # a schema-heavy reply: most of its tokens are keys, separators and enum values
 SORTS = {
     "type": "object",
@@ -66,11 +73,14 @@ def turn1_lang(workload: str) -> str | None:
 
 def messages(workload: str, turn1_answer: str | None) -> list[dict[str, Any]]:
     """The workload's chat; a rewrite quotes `turn1_answer`, the model's own turn 1."""
-    if workload in ("prose", "json", "json-schema", "json-free"):
-        return [{"role": "user", "content": PROSE if workload == "prose" else JSON_ASK}]
+    if workload in STORIES:
+        return [{"role": "user", "content": STORIES[workload]}]
+    if workload in ("json", "json-schema", "json-free"):
+        return [{"role": "user", "content": JSON_ASK}]
     kind, lang = workload.split("-")
-    turn1 = [{"role": "user", "content": TURN1.format(lang=LANGS[lang])}]
-    if kind in ("quicksort", "predicted"):
+    program = PROGRAMS.get(kind, "quicksort")  # rewrite and predicted build on quicksort
+    turn1 = [{"role": "user", "content": TURN1.format(program=program, lang=LANGS[lang])}]
+    if kind != "rewrite":
         return turn1
     answer = {"role": "assistant", "content": turn1_answer}
     return [*turn1, answer, {"role": "user", "content": TURN2}]

@@ -9,6 +9,7 @@ import pytest
 from specserve.bench.spec import CONFIGS, configs_for, main, own_heads
 from specserve.bench.spec_report import Run, first_difference, histogram, make_row, paired
 from specserve.bench.spec_rounds import Started, Warm, rounds
+from specserve.bench.spec_workloads import UNTUNED, messages
 from specserve.cli import build_parser
 from specserve.engine.request import Request
 from specserve.engine.sampling import SamplingParams
@@ -221,3 +222,27 @@ def test_the_head_trained_for_a_benchmark_is_train_heads_own(
     train_head.train_own_head("m", 7.0)
     cli = build_parser().parse_args(["train-head", "--model", "m", "--minutes", "7"])
     assert {k: v for k, v in vars(cli).items() if k not in ("func", "command")} == vars(seen[0])
+
+
+@pytest.mark.parametrize(
+    ("workload", "asked"),
+    [
+        pytest.param("quicksort-c", "Write a quicksort demo in C.", id="quicksort"),
+        pytest.param("mergesort-python", "Write a merge sort demo in Python.", id="untuned"),
+        pytest.param("bfs-java", "Write a breadth-first search demo in Java.", id="bfs"),
+        pytest.param("prose-clockmaker", "Write a short story about a clockmaker.", id="story"),
+    ],
+)
+def test_workloads_ask_for_their_program(workload: str, asked: str) -> None:
+    (turn,) = messages(workload, None)
+    assert turn["role"] == "user" and turn["content"].startswith(asked)
+
+
+def test_untuned_workloads_run_only_when_named() -> None:
+    args = build_parser().parse_args(["bench", "spec"])
+    assert not set(args.workloads) & set(UNTUNED)
+    named = build_parser().parse_args(["bench", "spec", "--workloads", "stack-c", "quicksort-c"])
+    assert named.workloads == ["stack-c", "quicksort-c"]
+    rewrite = messages("rewrite-java", "class Q {}")
+    assert rewrite[0]["content"].startswith("Write a quicksort demo in Java.")
+    assert rewrite[1] == {"role": "assistant", "content": "class Q {}"}
