@@ -18,8 +18,6 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -34,7 +32,7 @@ from specserve.bench.head_data import (
     stdlib_chunks,
     write_whole,
 )
-from specserve.cache.store import available_memory
+from specserve.bench.row_cache import ROW_CACHE_RESERVE, RowCache
 from specserve.engine.request import SpecParams
 from specserve.errors import SpecserveError
 from specserve.loading.eagle3 import own_head_dir, save_calibration, save_eagle3
@@ -50,7 +48,6 @@ LR = 6e-4
 # a resumed run peaks at this share of LR: restarted at the full rate, a 25-minute resume of
 # a 100-minute head undid more than it added (docs/perf/2026-11-29-fresh-head.md)
 RESUME_LR = 0.25
-ROW_CACHE_RESERVE = 4 * 2**30  # bytes of RAM the row cache leaves free, whatever its budget
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -330,40 +327,6 @@ def train(
     save_calibration(cal, out)
     report_file.write_text(json.dumps(report, indent=2) + "\n")
     return report
-
-
-class RowCache:
-    """Target rows kept for the next epoch, their tapped states in bfloat16: a sequence seen
-    again costs no target forward, nearly half of a step's time. A row is kept only while
-    the machine keeps `reserve` bytes free beside it: with the stdlib's text added, a run
-    whose rows stayed within the budget outgrew the machine's RAM and was killed
-    (docs/perf/2026-11-29-head-stdlib.md)."""
-
-    def __init__(
-        self,
-        budget: int,
-        reserve: int = ROW_CACHE_RESERVE,
-        free: Callable[[], int | None] = available_memory,
-    ) -> None:
-        self.budget, self.used, self.reserve, self.free = budget, 0, reserve, free
-        self.rows: dict[int, ht.TargetRows] = {}
-
-    def get(self, i: int, make: Callable[[int], ht.TargetRows]) -> ht.TargetRows:
-        if i in self.rows:
-            kept = self.rows[i]
-            return replace(kept, aux=kept.aux.float())
-        rows = make(i)
-        soft = [t for t in (rows.soft_ids, rows.soft_p) if t is not None]
-        size = rows.aux.numel() * 2 + sum(t.numel() * t.element_size() for t in soft)
-        if self.used + size <= self.budget and self._room(size):
-            self.rows[i] = replace(rows, aux=rows.aux.to(torch.bfloat16))
-            self.used += size
-        return rows
-
-    def _room(self, size: int) -> bool:
-        """Whether the machine has `size` more bytes beside the reserve (yes where unknown)."""
-        free = self.free()
-        return free is None or free - size >= self.reserve
 
 
 def _done(step: int, max_steps: int, t0: float, deadline: float) -> float:
