@@ -102,7 +102,15 @@ def add_args(p: argparse.ArgumentParser) -> None:
         default=["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"],
         help="target models (names or paths)",
     )
-    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS + UNTUNED)
+    p.add_argument(
+        "--workloads",
+        nargs="+",
+        default=list(WORKLOADS),
+        choices=WORKLOADS + UNTUNED,
+        metavar="WORKLOAD",
+        help=f"default: {' '.join(WORKLOADS)}; named only: {' '.join(UNTUNED)} (asks nothing "
+        "was tuned on: see the module doc)",
+    )
     p.add_argument(
         "--spec-types",
         nargs="+",

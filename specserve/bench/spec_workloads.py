@@ -13,8 +13,7 @@ TURN2 = "Rewrite the same program with descriptive variable names."
 PROSE = "Write a short story about a lighthouse keeper."
 # UNTUNED: answers of the same kinds that nothing was tuned on, since a head or a rule chosen
 # by how it serves quicksort-* and prose would fit those; it is judged on these too
-PROGRAMS = {"quicksort": "quicksort", "mergesort": "merge sort", "stack": "stack",
-            "bfs": "breadth-first search"}  # fmt: skip
+PROGRAMS = {"mergesort": "merge sort", "stack": "stack", "bfs": "breadth-first search"}
 STORIES = {"prose": PROSE, "prose-clockmaker": "Write a short story about a clockmaker."}
 JSON_ASK = (
     "List six sorting algorithms as a JSON object: for each, its average and worst time "
@@ -34,7 +33,7 @@ WORKLOADS = (
     "json-free",
 )
 # asked for by name only (not in the default run): UNTUNED's programs and story
-UNTUNED = (*(f"{p}-{k}" for p in PROGRAMS if p != "quicksort" for k in LANGS), "prose-clockmaker")
+UNTUNED = (*(f"{p}-{k}" for p in PROGRAMS for k in LANGS), "prose-clockmaker")
 # a schema-heavy reply: most of its tokens are keys, separators and enum values
 SORTS = {
     "type": "object",
@@ -78,7 +77,7 @@ def messages(workload: str, turn1_answer: str | None) -> list[dict[str, Any]]:
     if workload in ("json", "json-schema", "json-free"):
         return [{"role": "user", "content": JSON_ASK}]
     kind, lang = workload.split("-")
-    program = PROGRAMS.get(kind, "quicksort")  # rewrite and predicted build on quicksort
+    program = PROGRAMS.get(kind, "quicksort")  # so do rewrite and predicted, built on it
     turn1 = [{"role": "user", "content": TURN1.format(program=program, lang=LANGS[lang])}]
     if kind != "rewrite":
         return turn1
