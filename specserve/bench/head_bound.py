@@ -11,7 +11,7 @@ This measures both in one run:
 - each workload's greedy answer (as `bench spec` makes it), scored teacher-forced: at every
   row, which of the head's next `--steps` greedy drafts the target keeps, and the head's
   probability for each (the drafts that a server's head makes there);
-- the target's forwards of 1 to steps + 1 rows from the answer's context and one head step
+- the target's forwards of 1 to steps + 2 rows from the answer's context and one head step
   right after a target forward, in interleaved rounds (the medians, as ratios to one row).
 
 From those, decoding the answer in plain steps' time (tokens per step over its cost):
@@ -20,6 +20,11 @@ From those, decoding the answer in plain steps' time (tokens per step over its c
   at most k tokens. The thresholds are picked with hindsight on the answer itself.
 - `oracle`: a drafter that knows which tokens the target keeps and drafts exactly those
   (no head step where none is): no policy with this head reaches it.
+- `branch`: the best simple policy again, now with the head's second likeliest first token
+  verified beside its first (one more row, a tree of depth one, as EAGLE's draft trees
+  start) where the first token's probability is under phi; where the first is missed and
+  the second kept, the step gains two tokens. Not bounded by `oracle`, which drafts one
+  chain; `2nd` is the share of the first tokens missed whose second choice was right.
 Both leave out what a step pays outside the forwards (lookups, sampling, the commit: small
 beside a forward), and the chain's lookup drafts, which add little on new text.
 A `bench spec` figure far under `policy` says the engine's policy leaves speed behind; a
@@ -39,6 +44,7 @@ import torch
 from specserve.batch import FlatBatch
 from specserve.bench.args import numbers, positive
 from specserve.bench.report import Column, format_table, interleaved
+from specserve.bench.spec_workloads import UNTUNED
 from specserve.engine.runner import ModelRunner, SlotInput
 from specserve.errors import SpecserveError
 from specserve.models.eagle3 import Eagle3Head
@@ -47,6 +53,7 @@ from specserve.speculative import head_training as ht
 
 WORKLOADS = ("quicksort-python", "quicksort-c", "quicksort-java", "prose")
 THETAS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+PHIS = (0.0, 0.3, 0.5, 0.7, 0.9, 1.01)  # 1.01: a sibling beside every first token
 P_MINS = (0.0, 0.2, 0.4, 0.6)
 
 
@@ -59,6 +66,8 @@ class Scored:
 
     kept: torch.Tensor
     p: torch.Tensor
+    # [n]: whether the head's second likeliest first token is the target's (None: not scored)
+    second: torch.Tensor | None = None
 
 
 @dataclass
@@ -80,17 +89,25 @@ def scored(
     start, n = len(prompt) - 1, len(answer) - 1
     kept = torch.zeros(n, steps, dtype=torch.bool)
     p = torch.zeros(n, steps)
+    second = torch.zeros(n, dtype=torch.bool)
     with torch.no_grad():
         for j, (logits, labels) in enumerate(ht.unrolled_logits(head, target.embed, rows, steps)):
-            probs, best = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+            probs, best = torch.softmax(logits.float(), dim=-1).topk(2, dim=-1)
             m = max(0, min(n, logits.shape[0] - start))
-            kept[:m, j] = (head.d2t[best] == labels)[start : start + m]
-            p[:m, j] = probs[start : start + m]
-    return Scored(kept, p)
+            right = head.d2t[best] == labels[:, None]
+            kept[:m, j] = right[start : start + m, 0]
+            p[:m, j] = probs[start : start + m, 0]
+            if j == 0:
+                second[:m] = right[start : start + m, 1]
+    return Scored(kept, p, second)
 
 
-def policy_value(s: Scored, c: Costs, theta: float, p_min: float, k: int) -> float:
-    """Tokens per plain step's time with the head asked every step (module doc)."""
+def policy_value(
+    s: Scored, c: Costs, theta: float, p_min: float, k: int, phi: float = 0.0
+) -> float:
+    """Tokens per plain step's time with the head asked every step (module doc); phi: the
+    second likeliest first token is verified too where the first's probability is under it
+    (`branch`)."""
     n, tokens, spent, i = s.kept.shape[0], 0, 0.0, 0
     while i < n:
         drafted, asked = 0, 0
@@ -100,7 +117,12 @@ def policy_value(s: Scored, c: Costs, theta: float, p_min: float, k: int) -> flo
                 break
             drafted += 1
         kept = _run_length(s.kept[i, :drafted])
-        tokens, spent = tokens + 1 + kept, spent + c.rows[drafted + 1] + asked * c.head
+        # given costs may stop at steps + 1 rows: a full draft then goes without its sibling
+        branch = drafted > 0 and s.second is not None and drafted + 2 in c.rows and s.p[i, 0] < phi
+        if branch and kept == 0 and s.second is not None and bool(s.second[i]):
+            kept = 1  # the sibling row was the target's token
+        rows = drafted + 1 + int(branch)
+        tokens, spent = tokens + 1 + kept, spent + c.rows[rows] + asked * c.head
         i += 1 + kept
     return tokens / spent if spent else 1.0
 
@@ -116,14 +138,17 @@ def oracle_value(s: Scored, c: Costs) -> float:
     return tokens / spent if spent else 1.0
 
 
-def best_policy(s: Scored, c: Costs) -> tuple[float, float, float, int]:
-    """(value, theta, p_min, k) of the best policy; (1.0, inf, 0, 0): never ask."""
-    best = (1.0, float("inf"), 0.0, 0)
+def best_policy(
+    s: Scored, c: Costs, phis: tuple[float, ...] = (0.0,)
+) -> tuple[float, float, float, int, float]:
+    """(value, theta, p_min, k, phi) of the best policy, branching at phi, one of `phis`
+    (0: never); (1.0, inf, 0, 0, 0): never ask."""
+    best = (1.0, float("inf"), 0.0, 0, 0.0)
     steps = s.kept.shape[1]
-    for theta, p_min, k in itertools.product(THETAS, P_MINS, range(1, steps + 1)):
-        value = policy_value(s, c, theta, p_min, k)
+    for theta, p_min, k, phi in itertools.product(THETAS, P_MINS, range(1, steps + 1), phis):
+        value = policy_value(s, c, theta, p_min, k, phi)
         if value > best[0]:
-            best = (value, theta, p_min, k)
+            best = (value, theta, p_min, k, phi)
     return best
 
 
@@ -136,9 +161,10 @@ def _run_length(kept: torch.Tensor) -> int:
 def time_costs(
     runner: ModelRunner, head: Eagle3Head, context: list[int], steps: int, rounds: int
 ) -> Costs:
-    """The target's forwards of 1..steps + 1 rows after `context`, and a head step after
-    each (its weights as cold as a served step leaves them), in interleaved rounds."""
-    mem, counts = runner.memory, list(range(1, steps + 2))
+    """The target's forwards of 1..steps + 2 rows after `context` (a full draft, and its
+    first token's sibling), and a head step after each (its weights as cold as a served
+    step leaves them), in interleaved rounds."""
+    mem, counts = runner.memory, list(range(1, steps + 3))
     runner.reuse_logits(max(counts))
     runner.prefill(0, context[:-1])
     base, last = mem.length(0), context[-1]
@@ -191,12 +217,22 @@ COLUMNS = [
     Column("policy", "policy", ".2f"),
     Column("args", "theta, p_min, k"),
     Column("oracle", "oracle", ".2f"),
+    Column("second", "2nd"),
+    Column("branch", "branch", ".2f"),
+    Column("phi", "phi"),
 ]
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", nargs="+", default=["qwen2.5-coder-0.5b"], help="names or paths")
-    p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    p.add_argument(
+        "--workloads",
+        nargs="+",
+        choices=WORKLOADS + UNTUNED,
+        default=list(WORKLOADS),
+        metavar="WORKLOAD",
+        help=f"default: {' '.join(WORKLOADS)}; also: {' '.join(UNTUNED)} (`bench spec`'s)",
+    )
     p.add_argument(
         "--head", default=None, help="the head (a path or a cache name; default: the model's own)"
     )
@@ -248,8 +284,9 @@ def main(args: argparse.Namespace) -> None:
         table = []
         for w, (prompt, reply) in zip(args.workloads, replies, strict=True):
             s = scored(head, loaded.model, prompt, reply, args.steps)
-            value, theta, p_min, k = best_policy(s, costs)
-            table.append(_row(w, s, value, (theta, p_min, k), oracle_value(s, costs)))
+            value, theta, p_min, k, _ = best_policy(s, costs)
+            row = _row(w, s, value, (theta, p_min, k), oracle_value(s, costs))
+            table.append(row | _branch_row(s, best_policy(s, costs, PHIS)))
         print(format_table(table, COLUMNS))
 
 
@@ -274,3 +311,12 @@ def _row(
         "args": chosen,
         "oracle": oracle,
     }
+
+
+def _branch_row(s: Scored, best: tuple[float, float, float, int, float]) -> dict:
+    """The table's `2nd`, `branch` and `phi` (the module doc)."""
+    missed = ~s.kept[:, 0]
+    n = int(missed.sum())
+    second = "-" if s.second is None or not n else f"{int(s.second[missed].sum()) / n:.2f}"
+    value, *_, k, phi = best
+    return {"second": second, "branch": value, "phi": "never" if k == 0 else f"{phi:.2f}"}

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from specserve.bench.head_bound import (
+    PHIS,
     Costs,
     Scored,
     best_policy,
@@ -29,6 +30,7 @@ from tests.tiny import write_hf_folder
 from tests.tiny_eagle3 import foreseeing_head, nearly_bigram
 
 COSTS = Costs({1: 1.0, 2: 1.5, 3: 2.0}, head=0.1, one_row_ms=10.0)
+BRANCH_COSTS = Costs({1: 1.0, 2: 1.5, 3: 2.0, 4: 2.5}, head=0.1, one_row_ms=10.0)
 
 
 def _rows(kept: list[list[bool]], p: float = 0.9) -> Scored:
@@ -71,6 +73,42 @@ def test_the_oracle_bounds_every_policy() -> None:
         assert 1.0 <= value <= oracle_value(s, costs)
 
 
+def test_a_right_second_choice_beside_a_missed_first_gains_two_tokens_for_a_row() -> None:
+    s = Scored(torch.tensor([[False, False]] * 4), torch.full((4, 2), 0.4), torch.ones(4).bool())
+    # one-token drafts with a sibling: rows 0 and 2 each miss the first, keep the second
+    # and the target's token after it: 2 tokens for 3 rows' 2.0 + 1 head step, twice
+    assert policy_value(s, BRANCH_COSTS, theta=0.0, p_min=0.0, k=1, phi=0.5) == pytest.approx(
+        4 / 4.2
+    )
+    # phi under the first token's probability: no sibling, one token a step as before
+    assert policy_value(s, BRANCH_COSTS, 0.0, 0.0, 1, phi=0.3) == policy_value(
+        s, BRANCH_COSTS, 0.0, 0.0, 1
+    )
+
+
+def test_a_sibling_beside_a_kept_first_token_is_paid_for_nothing() -> None:
+    s = Scored(torch.tensor([[True, False]] * 3), torch.full((3, 2), 0.4), torch.ones(3).bool())
+    # row 0: its first kept (2 tokens), its sibling's row paid (2.0 + 0.1); row 2 alone
+    assert policy_value(s, BRANCH_COSTS, 0.0, 0.0, 1, phi=0.5) == pytest.approx(3 / 3.1)
+    # given costs up to 3 rows: row 0's two-token draft goes without a sibling (row 1, with
+    # room for one token, is sure enough to need none)
+    p = torch.tensor([[0.4, 0.4], [0.9, 0.9], [0.9, 0.9]])
+    s2 = Scored(torch.tensor([[False, False]] * 3), p, torch.ones(3).bool())
+    assert policy_value(s2, COSTS, 0.0, 0.0, 2, phi=0.5) == policy_value(s2, COSTS, 0.0, 0.0, 2)
+
+
+def test_branching_is_chosen_only_where_it_pays() -> None:
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        kept = torch.rand(60, 3, generator=g) < 0.5
+        s = Scored(kept, torch.rand(60, 3, generator=g), torch.rand(60, generator=g) < 0.3)
+        costs = Costs({1: 1.0, 2: 1.2, 3: 1.35, 4: 1.5, 5: 1.6}, head=0.08, one_row_ms=10.0)
+        assert best_policy(s, costs, PHIS)[0] >= best_policy(s, costs)[0]
+        never_right = Scored(s.kept, s.p, torch.zeros(60, dtype=torch.bool))
+        value, *_, phi = best_policy(never_right, costs, PHIS)
+        assert phi == 0.0 and value == best_policy(s, costs)[0]
+
+
 @pytest.fixture(scope="module")
 def bigram(tmp_path_factory: pytest.TempPathFactory) -> torch.nn.Module:
     folder = tmp_path_factory.mktemp("target")
@@ -93,12 +131,16 @@ def test_scored_rows_are_the_drafts_a_head_makes_and_the_target_keeps(bigram) ->
     drafts = head.d2t[logits.argmax(dim=-1)][len(prompt) - 1 :]
     assert s.kept[:, 0].tolist() == (drafts[:39] == torch.tensor(req.output[1:])).tolist()
     assert 0 < int(s.kept[:, 0].sum()) < 39  # some kept, some missed
+    seconds = head.d2t[logits.topk(2, dim=-1).indices[:, 1]][len(prompt) - 1 :]
+    assert s.second is not None
+    assert s.second.tolist() == (seconds[:39] == torch.tensor(req.output[1:])).tolist()
 
 
 def test_costs_are_timed_for_every_row_count_against_one_row(bigram) -> None:  # noqa: ANN001
     head = foreseeing_head(bigram, noise=0.3).float()
     costs = time_costs(ModelRunner(bigram, 1, 96), head, list(range(2, 50)), 3, rounds=2)
-    assert sorted(costs.rows) == [1, 2, 3, 4] and costs.rows[1] == 1.0
+    # up to a full draft and its first token's sibling
+    assert sorted(costs.rows) == [1, 2, 3, 4, 5] and costs.rows[1] == 1.0
     assert all(v > 0 for v in costs.rows.values()) and costs.head > 0
 
 
