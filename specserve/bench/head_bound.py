@@ -253,7 +253,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
         metavar="R2,...,HEAD",
         help="costs given instead of timed: a forward of 2, 3, ... steps + 1 rows over one of "
         "one row, then a head step over it (e.g. 1.27,1.46,1.66,1.85,0.10: what a fast spell "
-        "of a Zen 4 VM measured), to see what the head would give where rows cost that",
+        "of a Zen 4 VM measured), to see what the head would give where rows cost that, "
+        "or to compare heads on the same figures (`branch` then prices no sibling beside a "
+        "full draft)",
     )
 
 
