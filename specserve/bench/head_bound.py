@@ -109,6 +109,7 @@ def policy_value(
     second likeliest first token is verified too where the first's probability is under it
     (`branch`)."""
     n, tokens, spent, i = s.kept.shape[0], 0, 0.0, 0
+    second = s.second if s.second is not None and phi > 0 else None
     while i < n:
         drafted, asked = 0, 0
         for j in range(min(k, n - 1 - i)):
@@ -117,10 +118,12 @@ def policy_value(
                 break
             drafted += 1
         kept = _run_length(s.kept[i, :drafted])
+        branch = False
         # given costs may stop at steps + 1 rows: a full draft then goes without its sibling
-        branch = drafted > 0 and s.second is not None and drafted + 2 in c.rows and s.p[i, 0] < phi
-        if branch and kept == 0 and s.second is not None and bool(s.second[i]):
-            kept = 1  # the sibling row was the target's token
+        if second is not None and drafted > 0 and drafted + 2 in c.rows and s.p[i, 0] < phi:
+            branch = True
+            if kept == 0 and bool(second[i]):
+                kept = 1  # the sibling row was the target's token
         rows = drafted + 1 + int(branch)
         tokens, spent = tokens + 1 + kept, spent + c.rows[rows] + asked * c.head
         i += 1 + kept
