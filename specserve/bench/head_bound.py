@@ -25,7 +25,7 @@ From those, decoding the answer in plain steps' time (tokens per step over its c
   start) where the first token's probability is under phi; where the first is missed and
   the second kept, the step gains two tokens. Not bounded by `oracle`, which drafts one
   chain; `2nd` is the share of the first tokens missed whose second choice was right.
-Both leave out what a step pays outside the forwards (lookups, sampling, the commit: small
+All three leave out what a step pays outside the forwards (lookups, sampling, the commit: small
 beside a forward), and the chain's lookup drafts, which add little on new text.
 A `bench spec` figure far under `policy` says the engine's policy leaves speed behind; a
 target over `oracle` cannot be met with this head on this machine in this spell.
