@@ -42,10 +42,13 @@ class FlatBatch:
             if n < 1:
                 raise ValueError("every sequence in a batch needs at least one token")
             cu.append(cu[-1] + n)
-        pos = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lens, strict=True)])
+        # one tensor from a list: a draft head's one-row steps paid more for an arange per
+        # sequence, their cat and a copy than for the rest of their batch
+        pos = [p for s, n in zip(starts, lens, strict=True) for p in range(s, s + n)]
         if keep_states and len(keep_states) != len(slots):
             raise ValueError("keep_states needs one entry per sequence")
-        return cls(list(slots), list(starts), cu, pos.to(device), tuple(keep_states))
+        positions = torch.tensor(pos, dtype=torch.int64, device=device)
+        return cls(list(slots), list(starts), cu, positions, tuple(keep_states))
 
     @property
     def num_seqs(self) -> int:
@@ -54,6 +57,17 @@ class FlatBatch:
     @property
     def num_tokens(self) -> int:
         return self.cu_seqlens[-1]
+
+    @property
+    def end(self) -> int:
+        """One past the last position of any sequence (0 for an empty batch)."""
+        return max(
+            (
+                s + b - a
+                for s, a, b in zip(self.starts, self.cu_seqlens, self.cu_seqlens[1:], strict=False)
+            ),
+            default=0,
+        )
 
     def keeps_states(self, i: int) -> bool:
         """Whether sequence i keeps its per-token recurrent states (snapshots)."""

@@ -1,6 +1,9 @@
-"""FlatBatch.split_last: the rows before each sequence's last, and the last rows."""
+"""FlatBatch: its positions, where it ends, and split_last (the rows before each
+sequence's last, and the last rows)."""
 
 from __future__ import annotations
+
+import torch
 
 from specserve.batch import FlatBatch
 
@@ -23,3 +26,9 @@ def test_a_batch_of_single_rows_has_nothing_before_its_last() -> None:
     before, early, last = batch.split_last()
     assert before is None and early == []
     assert (last.slots, last.starts, last.positions.tolist()) == ([0, 1], [5, 9], [5, 9])
+
+
+def test_a_batch_ends_past_its_last_position() -> None:
+    batch = FlatBatch.build([2, 0], [7, 30], [3, 1], torch.device("cpu"))
+    assert batch.positions.tolist() == [7, 8, 9, 30]
+    assert batch.end == 31 == int(batch.positions.max()) + 1

@@ -38,6 +38,8 @@ class HiddenLog:
 
     def joined(self, empty: torch.Tensor) -> torch.Tensor:
         """The rows as one tensor [rows, D] (`empty`, [0, D], where there are none)."""
+        if len(self._chunks) == 1:  # never written in place: itself, not a copy
+            return self._chunks[0]
         return torch.cat(self._chunks) if self._chunks else empty
 
     def copy(self) -> HiddenLog:

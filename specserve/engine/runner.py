@@ -69,6 +69,7 @@ class ModelRunner:
         # as engines built over one loaded model in turn (a benchmark's) must not share them
         self.taps: tuple[int, ...] = ()
         self._hidden: dict[int, HiddenLog] = {}
+        self._empty_hidden: torch.Tensor | None = None  # take_hidden's [0, D] where none came
         self._logits: torch.Tensor | None = None  # the reused logits buffer (reuse_logits)
         if self.memory.recurrent is not None and self.policy.depth:
             self.memory.recurrent.enable_snapshots(self.policy.depth)
@@ -244,7 +245,9 @@ class ModelRunner:
 
     def _no_hidden(self) -> torch.Tensor:
         width = self.model.cfg.hidden_size * max(1, len(self.taps))
-        return torch.zeros(0, width, dtype=self.dtype, device=self.device)
+        if self._empty_hidden is None or self._empty_hidden.shape[1] != width:
+            self._empty_hidden = torch.zeros(0, width, dtype=self.dtype, device=self.device)
+        return self._empty_hidden
 
     def _log_hidden(self, batch: FlatBatch, hidden: torch.Tensor) -> None:
         cu = batch.cu_seqlens

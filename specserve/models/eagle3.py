@@ -25,7 +25,7 @@ from specserve.batch import FlatBatch
 from specserve.cache.kv import KVCache
 from specserve.models.config import ModelConfig
 from specserve.models.layers.attention import Attention, store_before_last
-from specserve.models.layers.basic import GatedMLP, RMSNorm, add_norm
+from specserve.models.layers.basic import GatedMLP, RMSNorm
 from specserve.models.layers.block_kernel import KernelBlockModule
 
 
@@ -95,10 +95,10 @@ def taps_fit(layers: tuple[int, ...], num_layers: int) -> bool:
 
 
 class Eagle3Head(KernelBlockModule):
-    # the cached step's layer past its two input norms as one C++ call where the head runs on
-    # our float32 CPU kernels (DenseBlock.forward_normed: the same kernels, the same bits); a
-    # draft step is small, and the modules' Python calls around its kernels were a large share
-    # of it (docs/perf/2026-11-29-head-kernel.md). False: the modules
+    # the cached step's layer, its norms included, as one C++ call where the head runs on our
+    # float32 CPU kernels (DenseBlock.eagle_step: the same kernels, the same bits); a draft
+    # step is small, and the modules' Python calls around its kernels were a large share of
+    # it (docs/perf/2026-11-29-head-kernel.md). False: the modules
     use_kernel = True
 
     def __init__(self, cfg: Eagle3Config) -> None:
@@ -163,11 +163,10 @@ class Eagle3Head(KernelBlockModule):
         """One cached step over flat rows (see `layer`)."""
         cache.check_room(batch)
         kernel = self.kernel_for(g)
-        if kernel is not None:
-            x, residual = self._inputs(embeds, g)
+        if kernel is not None and embeds.dtype == g.dtype:
             args = self.attn.cache_args(batch, cache, g.dtype)
-            x, m = kernel.forward_normed(residual, x, *args)
-            x, normed = add_norm(x, m, self.norm)
+            norms = self.hidden_norm.weight, self.norm.weight, self.cfg.norm_before_residual
+            normed, x = kernel.eagle_step(embeds, g, *norms, *args)
             out = normed, x
         else:
             out = self.layer(embeds, g, lambda x: self.attn(x, batch, cache))
@@ -186,6 +185,8 @@ class Eagle3Head(KernelBlockModule):
         def store(rows: list[int], before: FlatBatch) -> None:
             self.attn.store_kv(self._inputs(embeds[rows], g[rows])[0], before, cache)
 
+        if batch.num_tokens == batch.num_seqs:  # a draft step: every row is a last one
+            return self(embeds, g, batch, cache)
         last_batch, last = store_before_last(batch, cache, store), batch.last_rows()
         if last_batch is None:
             normed, prenorm = self(embeds, g, batch, cache)

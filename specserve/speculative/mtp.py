@@ -30,6 +30,7 @@ from specserve.batch import FlatBatch
 from specserve.cache.kv import KVCache
 from specserve.models.layers.embedding import Embedding
 from specserve.models.qwen3_next import MtpHead
+from specserve.ops.cpu.build import kernels_for
 from specserve.speculative.base import Draft, DraftRequest, Speculator
 from specserve.speculative.verify import Stream, position_uniforms, sample_from_probs
 
@@ -217,9 +218,13 @@ def confidence_tier(p: float) -> int:
 
 
 def _likeliest(logits: torch.Tensor) -> tuple[int, float]:
-    """The likeliest token of a row of logits and its probability, from one softmax: an
-    argmax and a logsumexp over the row cost a head's ask more
-    (docs/perf/2026-11-29-head-asks.md)."""
+    """The likeliest token of a row of logits and its probability: one pass of our float32
+    kernel, else one softmax (an argmax and a logsumexp over the row cost a head's ask more,
+    docs/perf/2026-11-29-head-asks.md)."""
+    kernels = kernels_for(logits)
+    if kernels is not None:
+        (best,), (p,) = kernels.top1_softmax(logits.view(1, -1))
+        return best, p
     p, best = torch.softmax(logits.float(), dim=-1).max(dim=-1)
     return int(best), float(p)
 

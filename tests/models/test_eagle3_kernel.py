@@ -1,4 +1,4 @@
-"""An EAGLE-3 head's cached step on the kernels' block (DenseBlock.forward_normed) gives the
+"""An EAGLE-3 head's cached step on the kernels' block (DenseBlock.eagle_step) gives the
 bits of its modules' path, and a head off the low-bit kernels keeps its modules."""
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def test_the_heads_kernel_step_gives_the_modules_bits(
     calls = []  # the kernel block really runs: each step goes through it
 
     real = Eagle3Head.kernel
-    monkeypatch.setattr(Eagle3Head, "kernel", lambda self: Spy(real(self), "forward_normed", calls))
+    monkeypatch.setattr(Eagle3Head, "kernel", lambda self: Spy(real(self), "eagle_step", calls))
     got, got_cache = _steps(head)
     assert len(calls) == len(STEPS)
     monkeypatch.setattr(Eagle3Head, "use_kernel", False)

@@ -84,3 +84,49 @@ def test_gated_kernel(activation: str) -> None:
         assert torch.equal(kernels.gated(gate_up[i : i + 1], activation == "silu"), got[i : i + 1])
     with pytest.raises(RuntimeError, match="I a multiple of 8"):
         kernels.gated(torch.zeros(2, 20), True)
+
+
+def test_top1_softmax_is_the_argmax_and_its_softmax_probability() -> None:
+    kernels = kernels_for(torch.zeros(1))
+    assert kernels is not None
+    g = torch.Generator().manual_seed(3)
+    for width in (8, 13, 16000, 16003):  # whole vectors and a scalar tail
+        logits = torch.randn(3, width, generator=g) * 4
+        best, p = kernels.top1_softmax(logits)
+        want_p, want = torch.softmax(logits.double(), dim=-1).max(dim=-1)
+        assert best == want.tolist()
+        assert max(abs(a / b - 1) for a, b in zip(p, want_p.tolist(), strict=True)) < 1e-5
+        one_best, one_p = kernels.top1_softmax(logits[1:2])  # a row alone: the same
+        assert (one_best, one_p) == (best[1:2], p[1:2])
+    # the first of tied maxima, as torch's argmax; a row of -inf: no likeliest, p = 0
+    tied = torch.tensor([[1.0, 3.0, 3.0, 2.0], [-float("inf")] * 4])
+    best, p = kernels.top1_softmax(tied)
+    assert (
+        best[0] == 1
+        and abs(
+            p[0]
+            - 1 / (2 + torch.exp(torch.tensor(-1.0)).item() + torch.exp(torch.tensor(-2.0)).item())
+        )
+        < 1e-6
+    )
+    assert p[1] == 0.0
+
+
+def test_rotary_tables_are_the_angles_of_each_position() -> None:
+    """cos_sin's rows come from a table grown to cover the positions; every row is what the
+    formula gives that position alone, before and after the table grows."""
+    rope = RotaryEmbedding(64, 10000.0)
+
+    def formula(positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * rope.inv_freq(positions.device)[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos()[:, None, :], emb.sin()[:, None, :]
+
+    for positions in (torch.tensor([0, 5, 63]), torch.tensor([700, 6, 64]), torch.tensor([9000])):
+        cos, sin = rope.cos_sin(positions, torch.float32, int(positions.max()) + 1)
+        want_cos, want_sin = formula(positions)
+        assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+    half, _ = rope.cos_sin(torch.tensor([3, 9000]), torch.bfloat16)  # `end` read from them
+    assert half.dtype == torch.bfloat16 and torch.equal(
+        half, formula(torch.tensor([3, 9000]))[0].bfloat16()
+    )

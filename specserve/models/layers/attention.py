@@ -82,7 +82,7 @@ class Attention(nn.Module):
         q = self.q(x).view(T, self.num_heads, self.head_dim)
         if self.q_norm is not None:
             q = self.q_norm(q)
-        cos, sin = self.rope.cos_sin(batch.positions, x.dtype)
+        cos, sin = self.rope.cos_sin(batch.positions, x.dtype, batch.end)
         q = apply_rotary(q, cos, sin)
         self.store_kv(x, batch, cache)
         kc, vc = cache.k[self.layer], cache.v[self.layer]
@@ -97,13 +97,13 @@ class Attention(nn.Module):
         v = self.v(x).view(T, self.num_kv_heads, self.head_dim)
         if self.k_norm is not None:
             k = self.k_norm(k)
-        cos, sin = self.rope.cos_sin(batch.positions, x.dtype)
+        cos, sin = self.rope.cos_sin(batch.positions, x.dtype, batch.end)
         cache.write(self.layer, batch, apply_rotary(k, cos, sin), v)
 
     def cache_args(self, batch: FlatBatch, cache: KVCache, dtype: torch.dtype) -> tuple:
         """What attend_qkv (and the kernels' DenseBlock) take after the layer's input: this
         layer's K/V cache, the rotary tables, and where the batch's rows go."""
-        cos, sin = self.rope.cos_sin(batch.positions, dtype)
+        cos, sin = self.rope.cos_sin(batch.positions, dtype, batch.end)
         k, v = cache.k[self.layer], cache.v[self.layer]
         return k, v, cos, sin, batch.slots, batch.starts, batch.cu_seqlens, batch.positions
 

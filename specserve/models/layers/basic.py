@@ -56,6 +56,9 @@ class RotaryEmbedding(nn.Module):
         self._inv_freq: torch.Tensor | None = None
         # layers sharing this module in one forward reuse the tables of the same positions
         self._memo: tuple[torch.Tensor, torch.dtype, tuple[torch.Tensor, ...]] | None = None
+        # cos and sin of every position below a power of two, per dtype and device: a
+        # draft head's one-row steps paid more for their few angles than for the lookup
+        self._tables: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, ...]] = {}
 
     def inv_freq(self, device: torch.device) -> torch.Tensor:
         if self._inv_freq is None or self._inv_freq.device != device:
@@ -63,15 +66,34 @@ class RotaryEmbedding(nn.Module):
             self._inv_freq = (1.0 / (self.theta**exponent) / self.scale).to(device)
         return self._inv_freq
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """positions: [T] -> cos, sin: [T, 1, head_dim] (broadcast over heads)."""
-        if self._memo is not None and self._memo[0] is positions and self._memo[1] == dtype:
-            return self._memo[2]
-        freqs = positions.float()[:, None] * self.inv_freq(positions.device)[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        tables = emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
-        self._memo = (positions, dtype, tables)
+    def cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype, end: int | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        """positions: [T] -> cos, sin: [T, 1, head_dim] (broadcast over heads). end: above
+        every position, if the caller knows it (else it is read from `positions`)."""
+        memo = self._memo
+        if memo is not None and memo[0] is positions and memo[1] == dtype:
+            return memo[2]
+        if end is None:
+            end = int(positions.max()) + 1 if positions.numel() else 0
+        cos, sin = self._table(end, dtype, positions.device)
+        tables = cos.index_select(0, positions), sin.index_select(0, positions)
+        self.__dict__["_memo"] = (positions, dtype, tables)  # past nn.Module's __setattr__
         return tables
+
+    def _table(
+        self, end: int, dtype: torch.dtype, device: torch.device
+    ) -> tuple[torch.Tensor, ...]:
+        """cos, sin [n, 1, head_dim] in `dtype` for positions 0 .. n - 1, n >= end."""
+        table = self._tables.get((dtype, device))
+        if table is None or table[0].shape[0] < end:
+            n = max(64, 1 << (end - 1).bit_length())
+            positions = torch.arange(n, device=device)
+            freqs = positions.float()[:, None] * self.inv_freq(device)[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            table = emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+            self._tables[(dtype, device)] = table
+        return table
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

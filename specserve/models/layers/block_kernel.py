@@ -83,7 +83,7 @@ class KernelBlockModule(nn.Module):
 def block_kernel(attn: Attention, mlp: GatedMLP, norms: list[RMSNorm | None]) -> Any | None:  # noqa: ANN401
     """The kernels' DenseBlock for an attention, an MLP and the block's norms (attn, ffn,
     post_attn, post_ffn), or None where a piece is not on our float32 kernels. A caller
-    that norms q/k/v's input itself (`forward_normed`) still names a norm of that width."""
+    that norms q/k/v's input itself (`eagle_step`) still names a norm of that width."""
     if problem() is not None:
         return None
     from specserve.ops.cpu.build import load

@@ -18,7 +18,7 @@ lookups are kept (`ROW_CACHE`, the least recently used dropped first).
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -106,20 +106,22 @@ class QuantizedEmbedding(nn.Module):
     def table(self) -> QuantizedTable:
         return QuantizedTable(self.raw, self.gguf_type, self.embedding_dim)
 
+    def _apply(self, fn: Any, recurse: bool = True) -> QuantizedEmbedding:  # noqa: ANN401
+        self._rows.clear()  # kept rows live where the blocks were
+        return cast(QuantizedEmbedding, super()._apply(fn, recurse))
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        flat = ids.reshape(-1).to(device=self.raw.device, dtype=torch.long)
-        if 0 < flat.numel() <= SMALL:
-            rows = self._kept(flat.tolist())
+        if 0 < ids.numel() <= SMALL:
+            rows = self._kept(ids.reshape(-1).tolist())
         else:
+            flat = ids.reshape(-1).to(device=self.raw.device, dtype=torch.long)
             rows = self.table().lookup(flat).to(self.dtype)
         return rows.view(*ids.shape, self.embedding_dim)
 
     def _kept(self, ids: list[int]) -> torch.Tensor:
         """The rows of these ids in `dtype`, dequantized only where not kept already."""
         kept = self._rows
-        if kept and next(iter(kept.values())).device != self.raw.device:
-            kept.clear()  # the module moved: rows are kept where its blocks are
-        missing = list(dict.fromkeys(i for i in ids if i not in kept))
+        missing = [i for i in dict.fromkeys(ids) if i not in kept]
         if missing:
             found = self.table().lookup(torch.tensor(missing, device=self.raw.device))
             for i, row in zip(missing, found.to(self.dtype), strict=True):

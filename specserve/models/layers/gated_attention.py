@@ -46,7 +46,7 @@ class GatedAttention(nn.Module):
         """x: [T, hidden] -> [T, hidden]; writes this layer's new K/V into the cache."""
         T, hd = x.shape[0], self.head_dim
         q, gate = self.q(x).view(T, self.num_heads, 2 * hd).split(hd, dim=-1)
-        cos, sin = self.rope.cos_sin(batch.positions, x.dtype)
+        cos, sin = self.rope.cos_sin(batch.positions, x.dtype, batch.end)
         q = apply_partial_rotary(self.q_norm(q), cos, sin)
         self.store_kv(x, batch, cache)
         o = cached_attention(q, cache.k[self.kv_index], cache.v[self.kv_index], batch, self.scale)
@@ -58,5 +58,5 @@ class GatedAttention(nn.Module):
         T, hd = x.shape[0], self.head_dim
         k = self.k_norm(self.k(x).view(T, self.num_kv_heads, hd))
         v = self.v(x).view(T, self.num_kv_heads, hd)
-        cos, sin = self.rope.cos_sin(batch.positions, x.dtype)
+        cos, sin = self.rope.cos_sin(batch.positions, x.dtype, batch.end)
         cache.write(self.kv_index, batch, apply_partial_rotary(k, cos, sin), v)

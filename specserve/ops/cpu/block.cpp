@@ -74,3 +74,22 @@ std::vector<torch::Tensor> DenseBlock::forward_normed(
   if (post_ffn_norm) m = rms_norm(m, *post_ffn_norm, eps);
   return {sum_norm[0], m};
 }
+
+// An EAGLE-3 head's cached step (models/eagle3.py `forward`) in one call: q/k/v read the
+// token's embedding and the fused state, normed apart (attn_norm is the head's embedding
+// norm) and side by side; the attention's output goes onto the fused state (its norm where
+// the head norms before the residual); the layer's output comes back with its final norm,
+// as [normed, prenorm]. The module path's kernels in its order, so its bits: a draft step is
+// one row, and the Python between those kernels cost it a sixth of its layer.
+std::vector<torch::Tensor> DenseBlock::eagle_step(
+    torch::Tensor embeds, torch::Tensor g, torch::Tensor hidden_norm, torch::Tensor out_norm,
+    bool norm_before_residual, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor cos,
+    torch::Tensor sin, const std::vector<int64_t>& slots, const std::vector<int64_t>& starts,
+    const std::vector<int64_t>& cu, torch::Tensor positions) const {
+  const auto normed_g = rms_norm(g, hidden_norm, eps);
+  const auto x = torch::cat({rms_norm(embeds, attn_norm, eps), normed_g}, -1);
+  const auto out = forward_normed(norm_before_residual ? normed_g : g, x, k_cache, v_cache, cos,
+                                  sin, slots, starts, cu, positions);
+  const auto last = add_rms_norm(out[0], out[1], out_norm, eps);
+  return {last[1], last[0]};
+}

@@ -47,4 +47,13 @@ struct DenseBlock {
                                             const std::vector<int64_t>& starts,
                                             const std::vector<int64_t>& cu,
                                             torch::Tensor positions) const;
+
+  std::vector<torch::Tensor> eagle_step(torch::Tensor embeds, torch::Tensor g,
+                                        torch::Tensor hidden_norm, torch::Tensor out_norm,
+                                        bool norm_before_residual, torch::Tensor k_cache,
+                                        torch::Tensor v_cache, torch::Tensor cos,
+                                        torch::Tensor sin, const std::vector<int64_t>& slots,
+                                        const std::vector<int64_t>& starts,
+                                        const std::vector<int64_t>& cu,
+                                        torch::Tensor positions) const;
 };

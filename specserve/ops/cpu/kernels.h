@@ -6,6 +6,7 @@
 #include <torch/extension.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "simd.h"
@@ -36,3 +37,4 @@ std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor y, torch:
                                         double eps);
 torch::Tensor gated(torch::Tensor gate_up, bool silu);
 torch::Tensor rotary(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
+std::tuple<std::vector<int64_t>, std::vector<double>> top1_softmax(torch::Tensor logits);

@@ -20,6 +20,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "(x + y, rms_norm(x + y) * w), float32");
   m.def("gated", &gated, "act(gate) * up from gate_up [..., 2I]; act silu or tanh-gelu");
   m.def("rotary", &rotary, "NeoX rotary embedding of x [T, H, D] with cos/sin [T, D], float32");
+  m.def("top1_softmax", &top1_softmax,
+        "each row's likeliest index and its softmax probability, float32 logits [N, V]");
   py::class_<LinearCall>(m, "LinearCall")
       .def(py::init([](std::vector<torch::Tensor> records, std::vector<int64_t> kinds,
                        std::vector<int64_t> n_outs, c10::optional<torch::Tensor> bias) {
@@ -37,7 +39,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("forward", &DenseBlock::forward,
            "(x, h, k_cache, v_cache, cos, sin, slots, starts, cu, positions) -> "
            "[x + h, the block's output]")
-      .def("forward_normed", &DenseBlock::forward_normed,
-           "(x, normed, k_cache, v_cache, cos, sin, slots, starts, cu, positions) -> "
-           "[x + attention, the MLP's output]: the block past its first norm");
+      .def("eagle_step", &DenseBlock::eagle_step,
+           "(embeds, g, hidden_norm, out_norm, norm_before_residual, k_cache, v_cache, cos, "
+           "sin, slots, starts, cu, positions) -> [normed, prenorm]: an EAGLE-3 head's layer");
 }

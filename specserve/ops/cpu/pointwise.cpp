@@ -153,3 +153,46 @@ torch::Tensor rotary(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
   });
   return y;
 }
+
+namespace {
+
+// the largest of a vector's 8 lanes
+inline float hmax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+}  // namespace
+
+// Each row's likeliest entry (the first where several tie) and its softmax probability,
+// 1 / sum(exp(x - max)): a draft head asks this of its logits at every draft token, and
+// torch's softmax, max and their conversions to Python cost it more than its LM head did.
+// A row without a finite largest entry gets probability 0.
+std::tuple<std::vector<int64_t>, std::vector<double>> top1_softmax(torch::Tensor logits) {
+  logits = logits.contiguous();
+  TORCH_CHECK(logits.scalar_type() == torch::kFloat32 && logits.dim() == 2 && logits.size(1) > 0,
+              "top1_softmax: float32 logits [N, V], V > 0");
+  const int64_t N = logits.size(0), V = logits.size(1), whole = V - V % 8;
+  std::vector<int64_t> best(N, 0);
+  std::vector<double> prob(N, 0.0);
+  for (int64_t r = 0; r < N; ++r) {
+    const float* x = logits.data_ptr<float>() + r * V;
+    __m256 vm = _mm256_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < whole; i += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(x + i));
+    float m = hmax(vm);
+    for (int64_t i = whole; i < V; ++i) m = std::max(m, x[i]);
+    if (!std::isfinite(m)) continue;
+    int64_t arg = 0;
+    while (x[arg] != m) ++arg;  // m is one of the row's entries
+    const __m256 mv = _mm256_set1_ps(m);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < whole; i += 8)
+      acc = _mm256_add_ps(acc, exp_neg(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv)));
+    double sum = hsum(acc);
+    for (int64_t i = whole; i < V; ++i) sum += std::exp(static_cast<double>(x[i] - m));
+    best[r] = arg;
+    prob[r] = 1.0 / sum;
+  }
+  return {best, prob};
+}
