@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -58,9 +59,10 @@ class FlatBatch:
     def num_tokens(self) -> int:
         return self.cu_seqlens[-1]
 
-    @property
+    @cached_property
     def end(self) -> int:
-        """One past the last position of any sequence (0 for an empty batch)."""
+        """One past the last position of any sequence (0 for an empty batch); asked by every
+        attention layer of a forward, so worked out once."""
         return max(
             (
                 s + b - a

@@ -23,6 +23,7 @@ from typing import ClassVar, TypeVar
 
 import torch
 
+from specserve.ops.cpu.build import kernels_for
 from specserve.speculative.draft_length import DraftWorth
 from specserve.speculative.rates import AcceptanceModel, count_kept, count_positions, grow
 
@@ -36,6 +37,18 @@ def slot_state(table: dict[int, S], slot: int, make: Callable[[], S]) -> S:
     if state is None:
         state = table[slot] = make()
     return state
+
+
+def likeliest(logits: torch.Tensor) -> tuple[int, float]:
+    """The likeliest token of a row of logits [V] and its probability, as a drafter asks at
+    every draft token: one pass of our float32 kernel, else one softmax (an argmax and a
+    logsumexp over the row cost a head's ask more, docs/perf/2026-11-29-head-asks.md)."""
+    kernels = kernels_for(logits)
+    if kernels is not None:
+        (best,), (p,) = kernels.top1_softmax(logits.reshape(1, -1))
+        return best, p
+    p, best = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+    return int(best), float(p)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import torch
 
 from specserve.batch import SlotInput
-from specserve.speculative.base import Draft, DraftRequest, Speculator
+from specserve.speculative.base import Draft, DraftRequest, Speculator, likeliest
 from specserve.tokens import shared_prefix
 
 
@@ -114,13 +114,12 @@ class DraftModelSpeculator(Speculator):
             nxt = []
             for w, lg in zip(work, logits, strict=True):
                 self._fed[w.slot].extend(w.tokens)
-                probs = torch.softmax(lg[-1].float(), dim=-1)
-                p, tok = probs.max(dim=-1)
+                tok, p = likeliest(lg[-1])
                 n_max, p_min = limits[w.slot]
-                if float(p) < p_min:
+                if p < p_min:
                     continue
-                drafts[w.slot].tokens.append(int(tok))
+                drafts[w.slot].tokens.append(tok)
                 if len(drafts[w.slot]) < n_max:
-                    nxt.append(SlotInput(w.slot, [int(tok)], 1))
+                    nxt.append(SlotInput(w.slot, [tok], 1))
             work = nxt
         return [drafts[r.slot] for r in requests]

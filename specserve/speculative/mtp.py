@@ -30,8 +30,7 @@ from specserve.batch import FlatBatch
 from specserve.cache.kv import KVCache
 from specserve.models.layers.embedding import Embedding
 from specserve.models.qwen3_next import MtpHead
-from specserve.ops.cpu.build import kernels_for
-from specserve.speculative.base import Draft, DraftRequest, Speculator
+from specserve.speculative.base import Draft, DraftRequest, Speculator, likeliest
 from specserve.speculative.verify import Stream, position_uniforms, sample_from_probs
 
 # a head's first draft token is proposed however unsure the head is, and labelled with its
@@ -184,7 +183,7 @@ class HiddenStateDrafter(Speculator):
                     tok, q = self._sample(req, logits, len(draft))
                     probs[slot].append(q)
                 else:
-                    best, p = _likeliest(logits)
+                    best, p = likeliest(logits)
                     if not draft:  # the first token at any confidence, which labels the draft
                         draft.tier = confidence_tier(p)
                     elif req.p_min > 0 and p < req.p_min:
@@ -215,18 +214,6 @@ def confidence_tier(p: float) -> int:
     """A draft's tier (rates.py) from the head's probability of its first token: 1 (under
     the first of CONFIDENCE) to len(CONFIDENCE) + 1. Sampled drafts keep tier 0."""
     return 1 + bisect.bisect_right(CONFIDENCE, p)
-
-
-def _likeliest(logits: torch.Tensor) -> tuple[int, float]:
-    """The likeliest token of a row of logits and its probability: one pass of our float32
-    kernel, else one softmax (an argmax and a logsumexp over the row cost a head's ask more,
-    docs/perf/2026-11-29-head-asks.md)."""
-    kernels = kernels_for(logits)
-    if kernels is not None:
-        (best,), (p,) = kernels.top1_softmax(logits.view(1, -1))
-        return best, p
-    p, best = torch.softmax(logits.float(), dim=-1).max(dim=-1)
-    return int(best), float(p)
 
 
 class MtpSpeculator(HiddenStateDrafter):
