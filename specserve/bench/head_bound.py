@@ -53,7 +53,7 @@ from specserve.speculative import head_training as ht
 
 WORKLOADS = ("quicksort-python", "quicksort-c", "quicksort-java", "prose")
 THETAS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-PHIS = (0.0, 0.3, 0.5, 0.7, 0.9, 1.01)  # 1.01: a sibling beside every first token
+PHIS = (0.0, 0.3, 0.5, 0.7, 0.9, 1.01)  # 0.0 first: never branch; 1.01: beside every first token
 P_MINS = (0.0, 0.2, 0.4, 0.6)
 
 
@@ -141,18 +141,28 @@ def oracle_value(s: Scored, c: Costs) -> float:
     return tokens / spent if spent else 1.0
 
 
+def best_policies(
+    s: Scored, c: Costs, phis: tuple[float, ...] = (0.0,)
+) -> dict[float, tuple[float, float, float, int, float]]:
+    """Each phi of `phis` (0: never branch) -> (value, theta, p_min, k, phi) of the best
+    policy branching at it, in one pass; (1.0, inf, 0, 0, phi): never ask."""
+    best = {phi: (1.0, float("inf"), 0.0, 0, phi) for phi in phis}
+    steps = s.kept.shape[1]
+    for theta, p_min, k, phi in itertools.product(THETAS, P_MINS, range(1, steps + 1), phis):
+        value = policy_value(s, c, theta, p_min, k, phi)
+        if value > best[phi][0]:
+            best[phi] = (value, theta, p_min, k, phi)
+    return best
+
+
 def best_policy(
     s: Scored, c: Costs, phis: tuple[float, ...] = (0.0,)
 ) -> tuple[float, float, float, int, float]:
     """(value, theta, p_min, k, phi) of the best policy, branching at phi, one of `phis`
-    (0: never); (1.0, inf, 0, 0, 0): never ask."""
-    best = (1.0, float("inf"), 0.0, 0, 0.0)
-    steps = s.kept.shape[1]
-    for theta, p_min, k, phi in itertools.product(THETAS, P_MINS, range(1, steps + 1), phis):
-        value = policy_value(s, c, theta, p_min, k, phi)
-        if value > best[0]:
-            best = (value, theta, p_min, k, phi)
-    return best
+    (0: never; the earlier phi on a tie); (1.0, inf, 0, 0, 0): never ask."""
+    found = best_policies(s, c, phis)
+    top = max(found.values(), key=lambda b: b[0])
+    return top if top[3] else (1.0, float("inf"), 0.0, 0, 0.0)
 
 
 def _run_length(kept: torch.Tensor) -> int:
@@ -289,9 +299,10 @@ def main(args: argparse.Namespace) -> None:
         table = []
         for w, (prompt, reply) in zip(args.workloads, replies, strict=True):
             s = scored(head, loaded.model, prompt, reply, args.steps)
-            value, theta, p_min, k, _ = best_policy(s, costs)
+            found = best_policies(s, costs, PHIS)
+            value, theta, p_min, k, _ = found[0.0]
             row = _row(w, s, value, (theta, p_min, k), oracle_value(s, costs))
-            table.append(row | _branch_row(s, best_policy(s, costs, PHIS)))
+            table.append(row | _branch_row(s, max(found.values(), key=lambda b: b[0])))
         print(format_table(table, COLUMNS))
 
 

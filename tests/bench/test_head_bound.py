@@ -10,6 +10,7 @@ from specserve.bench.head_bound import (
     PHIS,
     Costs,
     Scored,
+    best_policies,
     best_policy,
     given_costs,
     main,
@@ -104,6 +105,9 @@ def test_branching_is_chosen_only_where_it_pays() -> None:
         s = Scored(kept, torch.rand(60, 3, generator=g), torch.rand(60, generator=g) < 0.3)
         costs = Costs({1: 1.0, 2: 1.2, 3: 1.35, 4: 1.5, 5: 1.6}, head=0.08, one_row_ms=10.0)
         assert best_policy(s, costs, PHIS)[0] >= best_policy(s, costs)[0]
+        found = best_policies(s, costs, PHIS)  # one pass gives each phi's best
+        assert found[0.0] == best_policy(s, costs)
+        assert max(v[0] for v in found.values()) == best_policy(s, costs, PHIS)[0]
         never_right = Scored(s.kept, s.p, torch.zeros(60, dtype=torch.bool))
         value, *_, phi = best_policy(never_right, costs, PHIS)
         assert phi == 0.0 and value == best_policy(s, costs)[0]
