@@ -160,7 +160,13 @@ def best_policy(
 ) -> tuple[float, float, float, int, float]:
     """(value, theta, p_min, k, phi) of the best policy, branching at phi, one of `phis`
     (0: never; the earlier phi on a tie); (1.0, inf, 0, 0, 0): never ask."""
-    found = best_policies(s, c, phis)
+    return _top(best_policies(s, c, phis))
+
+
+def _top(
+    found: dict[float, tuple[float, float, float, int, float]],
+) -> tuple[float, float, float, int, float]:
+    """The best of `best_policies`' (the earlier phi on a tie), phi 0 where none asks."""
     top = max(found.values(), key=lambda b: b[0])
     return top if top[3] else (1.0, float("inf"), 0.0, 0, 0.0)
 
@@ -302,7 +308,7 @@ def main(args: argparse.Namespace) -> None:
             found = best_policies(s, costs, PHIS)
             value, theta, p_min, k, _ = found[0.0]
             row = _row(w, s, value, (theta, p_min, k), oracle_value(s, costs))
-            table.append(row | _branch_row(s, max(found.values(), key=lambda b: b[0])))
+            table.append(row | _branch_row(s, _top(found)))
         print(format_table(table, COLUMNS))
 
 
