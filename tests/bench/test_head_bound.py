@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from specserve.bench.head_bound import (
+    P_MINS,
     PHIS,
+    THETAS,
     Costs,
     Scored,
     best_policies,
@@ -107,10 +109,18 @@ def test_branching_is_chosen_only_where_it_pays() -> None:
         assert best_policy(s, costs, PHIS)[0] >= best_policy(s, costs)[0]
         found = best_policies(s, costs, PHIS)  # one pass gives each phi's best
         assert found[0.0] == best_policy(s, costs)
-        assert max(v[0] for v in found.values()) == best_policy(s, costs, PHIS)[0]
+        for phi, (value, theta, p_min, k, at) in found.items():  # against every policy
+            every = [policy_value(s, costs, t, p, n, phi) for t, p, n in _grid(3)]
+            assert at == phi and value == max(1.0, *every)  # 1.0: never asking
+            assert k == 0 or value == policy_value(s, costs, theta, p_min, k, phi)
         never_right = Scored(s.kept, s.p, torch.zeros(60, dtype=torch.bool))
         value, *_, phi = best_policy(never_right, costs, PHIS)
         assert phi == 0.0 and value == best_policy(s, costs)[0]
+
+
+def _grid(steps: int) -> list[tuple[float, float, int]]:
+    """Every (theta, p_min, k) a policy search tries."""
+    return [(t, p, k) for t in THETAS for p in P_MINS for k in range(1, steps + 1)]
 
 
 @pytest.fixture(scope="module")
