@@ -240,7 +240,8 @@ class Speculator:
         for req in requests:
             full = _clip(made.get(req.slot, Draft()), req.n_max)
             if req.slot in made and self.relative_cost > 0:
-                self.worth.yielded(bool(full))  # nothing: unsure, not wrong (draft_length.py)
+                # nothing: unsure, not wrong (draft_length.py)
+                self.worth.yielded(req.slot, bool(full))
             d = self._offer(req, full)
             self.stats.empty_drafts += int(not d)
             out.append(d)

@@ -72,11 +72,14 @@ REVISIT = 16
 # the softmax for p_min are paid per ask as well (docs/perf/2026-11-27-eagle3-1.5b.md)
 PRICED = 3
 PRICE_KEEP = 16
-# y, the share of asks that give a draft, is learnt over the last YIELD_KEEP asks (it follows
-# the text: prose leaves a draft model unsure more often than code), starting from YIELD_PRIOR
-# asks that gave one. Learnt as drafts whose first token missed, an ask that gave nothing
-# dragged the rates of what the drafter did draft down with it: the 0.5B's head, whose drafts
-# kept 80 % on C, was judged by 38 % and no longer asked (docs/perf/2026-11-28-eagle3-unsure.md)
+# y, the share of asks that give a draft, is learnt per slot over its sequence's last
+# YIELD_KEEP asks (it follows the text: prose leaves a draft model unsure more often than
+# code), starting from YIELD_PRIOR asks that gave one. Learnt across requests, a served
+# prose answer's y held the draft model unasked through the next request's C answer
+# (docs/perf/2026-12-02-served-first.md). Learnt as drafts whose first token missed, an ask
+# that gave nothing dragged the rates of what the drafter did draft down with it: the 0.5B's
+# head, whose drafts kept 80 % on C, was judged by 38 % and no longer asked
+# (docs/perf/2026-11-28-eagle3-unsure.md)
 YIELD_KEEP = 32
 YIELD_PRIOR = 2
 # an ask that took more than STALLED times the drafter's steady price was held up (the VM
@@ -131,7 +134,7 @@ class DraftWorth:
     def __init__(self, drafter: Speculator) -> None:
         self.drafter = drafter
         self._prices: deque[float] = deque(maxlen=PRICE_KEEP)  # its asks' measured costs
-        self._yields: deque[bool] = deque(maxlen=YIELD_KEEP)  # whether each ask gave a draft
+        self._yields: dict[int, deque[bool]] = {}  # slot -> whether each ask gave a draft
         self._asked: dict[int, tuple[int, int]] = {}  # slot -> (context length, n_max) asked
         self.explored = 0  # asks made against the estimate, to learn the rates (EXPLORE)
         self.declined = 0  # asks not made since the last revisit (REVISIT)
@@ -167,14 +170,16 @@ class DraftWorth:
             if r.cost is not None:  # where rows are free nothing is judged
                 self.ledger.asked(r.slot, price * positions)
 
-    def yielded(self, made: bool) -> None:
-        """An ask gave a draft (made) or nothing (the drafter was unsure of its first token)."""
-        self._yields.append(made)
+    def yielded(self, slot: int, made: bool) -> None:
+        """An ask for `slot` gave a draft (made) or nothing (the drafter was unsure of its
+        first token)."""
+        self._yields.setdefault(slot, deque(maxlen=YIELD_KEEP)).append(made)
 
-    @property
-    def yield_rate(self) -> float:
-        """y: the share of recent asks that gave a draft (YIELD_KEEP, YIELD_PRIOR)."""
-        return (sum(self._yields) + YIELD_PRIOR) / (len(self._yields) + YIELD_PRIOR)
+    def yield_rate(self, slot: int) -> float:
+        """y on `slot`: the share of its sequence's recent asks that gave a draft
+        (YIELD_KEEP, YIELD_PRIOR)."""
+        seen = self._yields.get(slot, ())
+        return (sum(seen) + YIELD_PRIOR) / (len(seen) + YIELD_PRIOR)
 
     def _steady(self, req: DraftRequest) -> bool:
         """Whether the slot was asked the step before: its context grew by at most that
@@ -187,6 +192,7 @@ class DraftWorth:
     def forget(self, slot: int) -> None:
         """The slot starts another sequence: its next ask catches up over a new prompt."""
         self._asked.pop(slot, None)
+        self._yields.pop(slot, None)
         self.ledger.forget(slot)
 
     @property
@@ -214,7 +220,7 @@ class DraftWorth:
         often as that tier comes (`_by_tier`; by_tier False: by its rates over all)."""
         shares = self.drafter.rates.tier_shares(req.slot) if by_tier else {}
         if len(shares) < 2:
-            return self._per_step(req, n, ANY, self.yield_rate, draft_cost)
+            return self._per_step(req, n, ANY, self.yield_rate(req.slot), draft_cost)
         return self._by_tier(req, n, draft_cost, shares)
 
     def _by_tier(
@@ -228,7 +234,7 @@ class DraftWorth:
 
         Judged by the rates of every tier at once, the 0.5B's head, whose unsure drafts are
         dropped, was priced by them too and went unasked on C where its sure ones paid."""
-        y = self.yield_rate
+        y = self.yield_rate(req.slot)
         gain = [1.0] * (n + 1)
         paid = [(1 - y) * req.verify_cost(0) + draft_cost * k for k in range(n + 1)]
         for tier, share in shares.items():
