@@ -31,6 +31,10 @@ chain with a drafter over the chain without it). Configurations with
 `draft` use `--draft-model` and are skipped for the draft model itself. Each run gets a
 fresh engine, so cross-request memories (suffix's global tree, ngram-cache's dynamic
 cache) start empty and one configuration cannot learn from an earlier one's output.
+With --served-first, each speculating engine first answers other asks, as a running server
+would have (spec_rounds.py `serve_first`): its drafters then start from the rates learnt
+there, not from their priors, while its text tables hold nothing of the timed request's
+tenant.
 
 tok/s counts decoding only (the tokens after the first, over the time after the prompt
 pass), so a draft model's own prompt pass, made at its first draft, counts against it.
@@ -61,7 +65,7 @@ from specserve.bench.spec_report import (
     make_row,
     write_outputs,
 )
-from specserve.bench.spec_rounds import Started, Warm, alone, rounds
+from specserve.bench.spec_rounds import Started, Warm, alone, rounds, serve_first
 from specserve.bench.spec_workloads import (
     GRAMMARS,
     UNTUNED,
@@ -186,6 +190,17 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "(each timed by its own steps), not one after the other: the VM's drifting speed "
         "then moves a round's ratios far less",
     )
+    p.add_argument(
+        "--served-first",
+        nargs="+",
+        default=[],
+        choices=WORKLOADS + UNTUNED,
+        metavar="WORKLOAD",
+        help="every speculating engine first answers these (untimed, as another tenant, so "
+        "their text is never drafted from), as a running server would have: its drafters "
+        "start from the rates, value and ledgers learnt there, not from nothing; not one of "
+        "--workloads (e.g. mergesort-c stack-java bfs-python prose-clockmaker)",
+    )
     p.add_argument("--out", type=Path, default=None, help="write spec.json and spec.png here")
 
 
@@ -276,13 +291,14 @@ class Session:
         n = max_tokens or a.max_tokens
         chain = config.removeprefix(SHARED)
         types = () if chain in (NONE, FORCED) else tuple(chain.split(","))
+        first = self.served_first(model) if types else []
         settings = EngineSettings(
             model=model,
             dtype=a.dtype,
             weights=a.weights,
             draft_weights=a.draft_weights,
-            # room for the prompt, the answer and one last verification
-            ctx_size=len(prompt) + n + a.draft_max + 8,
+            # room for the longest prompt, the answer and one last verification
+            ctx_size=max(map(len, [prompt, *first])) + n + a.draft_max + 8,
             spec_types=types,
             draft_model=a.draft_model if "draft" in types else None,
         )
@@ -297,7 +313,11 @@ class Session:
         req.prediction = prediction or []
         if grammar is not None:
             req.constraint = build_constraint(tok, self.load(model).cfg.vocab_size, grammar)
-        return Started(engine, req)
+        return serve_first(Started(engine, req), first) if first else Started(engine, req)
+
+    def served_first(self, model: str) -> list[list[int]]:
+        """The prompts of --served-first (a speculating engine answers them first)."""
+        return [self.prompt(model, w) for w in self.args.served_first]
 
 
 def configs_for(model: str, args: argparse.Namespace) -> list[str]:
@@ -314,6 +334,9 @@ def main(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
     if args.versus is not None and args.versus not in (NONE, *args.spec_types):
         raise SpecserveError(f"--versus {args.versus}: not one of --spec-types")
+    if both := sorted(set(args.served_first) & set(args.workloads)):
+        # learnt on the answer it is then timed on, a drafter's rates would be that answer's
+        raise SpecserveError(f"--served-first {' '.join(both)}: also benchmarked (--workloads)")
     own_heads(args)
     session = Session(args)
     rows: list[dict[str, Any]] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +14,7 @@ from specserve.errors import SpecserveError
 
 if TYPE_CHECKING:
     from specserve.speculative.base import Speculator
+    from specserve.speculative.ledger import Mark
 
 NONE = "none"
 # `shared:CHAIN`: CHAIN whose speculators first learn the reference's output, as a replica
@@ -160,13 +161,19 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def ledgers(spec: Speculator | None) -> str:
-    """Each costly drafter's ledger (speculative/ledger.py), a chain's children's too."""
+def ledgers(spec: Speculator | None, since: Mapping[str, Mark] | None = None) -> str:
+    """Each costly drafter's ledger (speculative/ledger.py), a chain's children's too;
+    `since`: their asks after these marks (by drafter name) alone."""
+    costly = [c for c in members(spec) if c.relative_cost > 0]
+    marks = since or {}
+    return "; ".join(f"{c.name}: {c.worth.ledger.summary(marks.get(c.name))}" for c in costly)
+
+
+def members(spec: Speculator | None) -> list[Speculator]:
+    """A chain's children, a lone speculator itself, or none."""
     from specserve.speculative.chain import ChainSpeculator
 
-    children = spec.children if isinstance(spec, ChainSpeculator) else [spec] if spec else []
-    costly = [c for c in children if c.relative_cost > 0]
-    return "; ".join(f"{c.name}: {c.worth.ledger.summary()}" for c in costly)
+    return spec.children if isinstance(spec, ChainSpeculator) else [spec] if spec else []
 
 
 def drafters(spec: Speculator | None) -> str:

@@ -14,33 +14,68 @@ own through the answer (docs/perf/2026-12-01-lockstep.md).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from specserve.bench.report import interleaved
-from specserve.bench.spec_report import NONE, SHARED, Run, drafters, ledgers, progress_line
+from specserve.bench.spec_report import (
+    NONE,
+    SHARED,
+    Run,
+    drafters,
+    ledgers,
+    members,
+    progress_line,
+)
 from specserve.bench.spec_workloads import GRAMMARS
+from specserve.engine.request import Request
+from specserve.speculative.base import SpecStats
 from specserve.speculative.cost import ForwardCost
+from specserve.speculative.ledger import Mark
 
 if TYPE_CHECKING:
     from specserve.engine.engine import Engine
-    from specserve.engine.request import Request
     from specserve.grammar.formats import Grammar
+
+
+# the tenant of the asks an engine answers before its timed request (`serve_first`): their
+# text goes into that tenant's tables, which the timed request (the default tenant) never reads
+SERVED = "bench-served"
 
 
 @dataclass
 class Started:
-    """A configuration's engine with its request, not yet added."""
+    """A configuration's engine with its request, not yet added; `marks`: its costly
+    drafters' ledgers before the request (`serve_first`), so a run reports its own asks."""
 
     engine: Engine
     req: Request
+    marks: dict[str, Mark] = field(default_factory=dict)
 
     def run(self, tok_s: float, seconds: float) -> Run:
         """What the request generated, at `tok_s`, in `seconds`."""
         drafting = self.engine.speculator
         stats = drafting.stats.as_dict() if drafting else None
         tokens = list(self.req.output)
-        return Run(tokens, tok_s, seconds, stats, ledgers(drafting), drafters(drafting))
+        spent = ledgers(drafting, self.marks)
+        return Run(tokens, tok_s, seconds, stats, spent, drafters(drafting))
+
+
+def serve_first(started: Started, prompts: list[list[int]]) -> Started:
+    """The engine answers `prompts` (greedy, as the timed request's settings) before its
+    timed request, as a running server would have, under the SERVED tenant. What its
+    drafters learnt there stays (rates, value, ledgers); their counters start again, so the
+    run's statistics and asks are its own request's."""
+    engine, req = started.engine, started.req
+    first = [
+        Request(p, req.params, req.spec, stop_ids=req.stop_ids, cache_salt=SERVED) for p in prompts
+    ]
+    engine.generate(first)
+    drafting = engine.speculator
+    for s in [drafting, *members(drafting)] if drafting else []:
+        s.stats = SpecStats()
+    marks = {c.name: c.worth.ledger.mark() for c in members(drafting)}
+    return Started(engine, req, marks)
 
 
 class RunSource(Protocol):

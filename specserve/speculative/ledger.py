@@ -53,6 +53,15 @@ class _Open:
     rows: float = 1.0  # cost(k) of the rows offered for verification (1: none)
 
 
+@dataclass(frozen=True)
+class Mark:
+    """An AskLedger's counts at one moment."""
+
+    asks: int = 0
+    saved: float = 0.0
+    stops: int = 0
+
+
 class AskLedger:
     """One drafter's asks and what each saved (the module doc)."""
 
@@ -91,9 +100,15 @@ class AskLedger:
         self.saved += saved
         self.stops += int(was and not self.paying)
 
-    def summary(self) -> str:
-        """What the asks saved, for a benchmark's progress lines."""
-        return f"{self.asks} asks saved {self.saved:+.1f} steps, stopped {self.stops}x"
+    def mark(self) -> Mark:
+        """Where the counts stand: a benchmark reports what came after it (`summary`)."""
+        return Mark(self.asks, self.saved, self.stops)
+
+    def summary(self, since: Mark | None = None) -> str:
+        """What the asks saved (since `since`), for a benchmark's progress lines."""
+        s = since or Mark()
+        asks, saved, stops = self.asks - s.asks, self.saved - s.saved, self.stops - s.stops
+        return f"{asks} asks saved {saved:+.1f} steps, stopped {stops}x"
 
     def forget(self, slot: int) -> None:
         """The slot starts another sequence: its open ask is its last one's, settled."""

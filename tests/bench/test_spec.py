@@ -167,6 +167,14 @@ def test_versus_must_be_a_benchmarked_configuration() -> None:
         main(args)
 
 
+def test_an_ask_served_first_is_not_also_benchmarked() -> None:
+    argv = ["bench", "spec", "--workloads", "prose", "quicksort-c", "--served-first"]
+    args = build_parser().parse_args([*argv, "stack-c", "prose"])
+    with pytest.raises(SpecserveError, match="--served-first prose: also benchmarked"):
+        main(args)
+    assert build_parser().parse_args(argv[:-1]).served_first == []
+
+
 def _heads_args(*argv: str):  # noqa: ANN202 (the parsed flags)
     return build_parser().parse_args(["bench", "spec", "--models", "m1", "m2", *argv])
 

@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from specserve.bench.spec_rounds import Started, lockstep
+from specserve.bench.spec_rounds import Started, lockstep, serve_first
 from specserve.cli import build_parser
 from specserve.engine.request import Request, SpecParams
 from specserve.engine.sampling import SamplingParams
 from specserve.engine.setup import EngineSettings, build_engine
 from specserve.loading.model import load_model
+from specserve.speculative.chain import ChainSpeculator
+from specserve.speculative.suffix import SuffixSpeculator
 from tests.tiny import write_hf_folder
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 3, 1, 4, 1, 5]
@@ -94,3 +96,32 @@ def test_three_engines_take_every_place_in_a_turn_alike() -> None:
 def test_lockstep_flag() -> None:
     assert not build_parser().parse_args(["bench", "spec"]).lockstep
     assert build_parser().parse_args(["bench", "spec", "--lockstep"]).lockstep
+
+
+def test_an_engine_served_first_keeps_what_it_learnt_and_reports_its_own_request(
+    tmp_path: Path,
+) -> None:
+    """--served-first: the engine answers other asks before the timed one, as another
+    tenant. Its drafters' rates carry what they learnt there, none of their text reaches the
+    timed request's tenant, the counters the run reports start at that request, and the
+    output is still what plain decoding gives."""
+    write_hf_folder("qwen2", tmp_path, seed=3)
+    target = load_model(tmp_path, "float32", with_tokenizer=False)
+    plain = _started(tmp_path, (), target, 40)
+    plain.engine.generate([plain.req])
+    chain = ("ngram-map-k", "suffix")
+    fresh = _started(tmp_path, chain, target, 40)
+    # the timed prompt itself among them: shared text would let suffix copy its answer
+    served = serve_first(fresh, [PROMPT[3:] + PROMPT[:3], PROMPT])
+    spec = served.engine.speculator
+    assert isinstance(spec, ChainSpeculator)
+    suffix = next(c for c in spec.children if isinstance(c, SuffixSpeculator))
+    assert suffix.global_tokens == 0  # the timed request's tenant holds nothing yet
+    assert suffix.rates.overall.reached  # learnt from the asks served first
+    for s in [spec, *spec.children]:
+        assert s.stats.drafts_generated == 0 and s.stats.draft_seconds == 0.0, s.name
+    cold = _started(tmp_path, chain, target, 40)
+    assert not any(c.rates.overall.reached for c in cold.engine.speculator.children)
+    run = lockstep({"served": served})["served"]
+    assert run.tokens == plain.req.output
+    assert 0 < run.drafts < len(run.tokens)  # one a step at most: its own steps' alone

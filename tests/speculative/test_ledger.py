@@ -200,3 +200,19 @@ def test_a_benchmark_reports_a_chains_drafts_child_by_child() -> None:
     want = "lookup 3 drafts, 2 missed, 1 kept, 4 ms; head 0 drafts, 0 missed, 0 kept, 0 ms"
     assert drafters(chain) == want
     assert drafters(lookup) == "" and drafters(None) == ""  # a lone one's are the run's
+
+
+def test_a_summary_since_a_mark_counts_only_the_asks_after_it() -> None:
+    book = AskLedger()
+    for _ in range(LEAST + 8):  # enough losing asks to stop the drafter once
+        book.asked(0, paid=0.5)
+        book.settle(0, None)
+    mark = book.mark()
+    assert book.stops == 1 and not book.paying
+    book.asked(0, paid=0.1)
+    book.offered(0, rows=1.2)
+    book.settle(0, kept=3)
+    assert book.summary(since=mark) == "1 asks saved +2.7 steps, stopped 0x"
+    assert (
+        book.summary() == f"{LEAST + 9} asks saved {2.7 - 0.5 * (LEAST + 8):+.1f} steps, stopped 1x"
+    )
