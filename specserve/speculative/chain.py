@@ -212,13 +212,13 @@ class ChainSpeculator(Speculator):
         draft model was asked after it nearly every time (docs/perf/2026-12-01-spare-order.md)."""
         if not 0 < cheap.relative_cost < dear.relative_cost or dear.worth.unknown:
             return False
-        if not dear.worth.ledger.paying:  # asked now and then only, not by its promise
-            return False
+        # where its ledger stopped it, `dear` is asked now and then only, not by its promise
+        promised = [r for r in requests if dear.worth.ledger.paying(r.slot)]
         spared = sum(
             cheap.worth.spares(r.limited(cheap.name), dear.worth.best_value(r.limited(dear.name)))
-            for r in requests
+            for r in promised
         )
-        return 2 * spared < len(requests)
+        return 2 * spared < len(promised)
 
     def _accept(self, slot: int, n_accepted: int, n_proposed: int) -> None:
         chosen = self._chosen.pop(slot, None)

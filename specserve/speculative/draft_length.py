@@ -279,7 +279,7 @@ class DraftWorth:
         if req.slot in self._revisits:  # a chain's (may_ask)
             self._revisits.discard(req.slot)
             return worth or 1
-        if worth and self.ledger.paying:
+        if worth and self.ledger.paying(req.slot):
             return worth
         if best and self._untried():
             self.explored += 1
@@ -307,7 +307,7 @@ class DraftWorth:
         it could do better, while its rates are unknown (EXPLORE: judged by the prior alone,
         the 0.5B draft went unasked for the 1.5B's first steps after the head's first draft
         missed), and now and then where it could not (REVISIT)."""
-        if self.ledger.paying and self.best_value(req) > beat:
+        if self.ledger.paying(req.slot) and self.best_value(req) > beat:
             return True
         if req.n_max > 0 and self._untried():
             return True

@@ -22,6 +22,12 @@ long a draft as its rates say is worth it; the revisits move the average, so it 
 where the text changes. By its rates alone the 1.5B's head promised more on prose than it
 kept, and the 0.5B draft model's asks there lost more than they kept
 (docs/perf/2026-11-29-ask-and-rows.md, docs/perf/2026-11-30-ask-ledger.md).
+
+The average is kept per sequence as well as over all of them. A sequence is judged by its
+own once it has LEAST asks, before that by the pooled one: a server runs prose and code
+side by side, and pooled alone, one slot's paying asks kept the drafter asked at a loss on
+another's prose. Before a sequence has its own record, the pooled one is the best guess,
+and it carries what earlier requests taught to the next.
 """
 
 from __future__ import annotations
@@ -71,6 +77,7 @@ class AskLedger:
         self.mean = 0.0  # the steps they saved, on average (the module doc)
         self.saved = 0.0  # and in all, with how often the average fell below STOP_BELOW
         self.stops = 0
+        self._own: dict[int, tuple[int, float]] = {}  # slot -> its sequence's (asks, mean)
 
     def asked(self, slot: int, paid: float) -> None:
         """The drafter was asked for `slot` and paid `paid` steps; the ask before it, if
@@ -94,11 +101,11 @@ class AskLedger:
         if ask is None:
             return
         saved = -ask.paid if kept is None else kept - (ask.rows - 1) - ask.paid - ask.against
-        was = self.paying
-        self.asks += 1
-        self.mean += (saved - self.mean) / min(self.asks, SPAN)
+        was = self.paying(slot)
+        self.asks, self.mean = _moved(self.asks, self.mean, saved)
+        self._own[slot] = _moved(*self._own.get(slot, (0, 0.0)), saved)
         self.saved += saved
-        self.stops += int(was and not self.paying)
+        self.stops += int(was and not self.paying(slot))
 
     def mark(self) -> Mark:
         """Where the counts stand: a benchmark reports what came after it (`summary`)."""
@@ -111,13 +118,24 @@ class AskLedger:
         return f"{asks} asks saved {saved:+.1f} steps, stopped {stops}x"
 
     def forget(self, slot: int) -> None:
-        """The slot starts another sequence: its open ask is its last one's, settled."""
+        """The slot starts another sequence: its open ask is its last one's, settled, and
+        the new one starts with no record of its own."""
         self.settle(slot, None)
+        self._own.pop(slot, None)
 
-    @property
-    def paying(self) -> bool:
-        """Whether the recent asks did not clearly lose on average (or are too few to say).
-        A margin under zero, not MIN_GAIN's over it, as the rates ask: a head whose asks
+    def paying(self, slot: int) -> bool:
+        """Whether the recent asks on the slot's sequence, or while it has fewer than LEAST,
+        on every sequence, did not clearly lose on average (or are too few to say). A
+        margin under zero, not MIN_GAIN's over it, as the rates ask: a head whose asks
         paid on average was stopped in the hard stretches of an answer, and missed the
         easy ones after."""
-        return self.asks < LEAST or self.mean >= STOP_BELOW
+        asks, mean = self._own.get(slot, (0, 0.0))
+        if asks < LEAST:
+            asks, mean = self.asks, self.mean
+        return asks < LEAST or mean >= STOP_BELOW
+
+
+def _moved(asks: int, mean: float, saved: float) -> tuple[int, float]:
+    """(asks, mean) after one more ask that saved `saved`: a plain mean of the first SPAN
+    asks, then a moving one."""
+    return asks + 1, mean + (saved - mean) / min(asks + 1, SPAN)

@@ -34,15 +34,15 @@ def test_the_average_stops_a_drafter_only_over_enough_asks_and_then_follows_the_
     for _ in range(LEAST - 1):  # asks that clearly lose: each paid for a draft never verified
         book.asked(0, paid=0.2)
         book.settle(0, None)
-    assert book.paying  # too few asks to say
+    assert book.paying(0)  # too few asks to say
     book.asked(0, paid=0.2)
     book.forget(0)  # a new sequence on the slot: its open ask brought nothing
-    assert not book.paying and book.mean == pytest.approx(-0.2)
+    assert not book.paying(0) and book.mean == pytest.approx(-0.2)
     for _ in range(4 * SPAN):  # a long run of losing asks, then a few that pay
         book.asked(0, paid=0.2)
         book.settle(0, None)
     wins = 0
-    while not book.paying:
+    while not book.paying(0):
         book.asked(0, paid=0.1)
         book.offered(0, rows=1.1)
         book.settle(0, kept=1)
@@ -65,7 +65,7 @@ def test_a_drafter_about_even_is_not_stopped() -> None:
             book.settle(0, kept=2)
         else:
             book.settle(0, None)
-        assert book.paying
+        assert book.paying(0)
     assert STOP_BELOW < book.mean < 0 and book.stops == 0
 
 
@@ -113,6 +113,53 @@ def test_a_drafter_whose_rates_promise_what_its_asks_never_bring_is_stopped(
     assert all(asked[:LEAST]) and sum(asked[LEAST:]) <= (steps - LEAST) // REVISIT + 1
     back = _asks_per_step(spec, head, 16 * REVISIT, right=True)
     assert all(back[-REVISIT:])
+
+
+def test_each_sequence_is_judged_by_its_own_asks_once_it_has_enough() -> None:
+    """Two slots side by side: one's asks pay, the other's lose. Pooled, the paying one
+    carries the losing one; each is judged by its own record once it has LEAST asks, and a
+    new sequence by the pooled record until then."""
+    book = AskLedger()
+    for _ in range(LEAST):
+        book.asked(0, paid=0.2)
+        book.offered(0, rows=1.2)
+        book.settle(0, kept=2)
+        book.asked(1, paid=0.2)
+        book.settle(1, None)
+    assert book.mean > 0 and book.paying(0) and not book.paying(1)
+    assert book.stops == 1
+    book.forget(1)  # a new request on slot 1: no record of its own, so the pooled one
+    assert book.paying(1)
+    assert book.paying(2)  # a slot never asked on
+
+
+def _asks_per_slot(spec: Speculator, drafter: Fixed, steps: int) -> list[list[int]]:
+    """Per step, how often `drafter` was asked on slots 0 and 1, decoding side by side a
+    text of 1s on both; its drafts of 1s are all kept on slot 0, none on slot 1."""
+    contexts: list[list[int]] = [[0], [0]]
+    asked: list[list[int]] = [[], []]
+    drafter.tokens = [1]
+    for _ in range(steps):
+        requests = [DraftRequest(s, list(contexts[s]), 1, cost=[1.0, 1.2]) for s in (0, 1)]
+        for s, d in enumerate(spec.draft(requests)):
+            asked[s].append(int(drafter.worth.asked_for(requests[s])))
+            kept = len(d) if s == 0 else 0
+            spec.accept(s, kept)
+            contexts[s] += [1] * (kept + 1)
+    return asked
+
+
+@pytest.mark.parametrize("in_chain", [False, True])
+def test_a_drafter_losing_on_one_slot_is_stopped_there_while_paying_on_another(
+    in_chain: bool,
+) -> None:
+    """Its rates promise every token on both slots; on slot 1 none is kept. It stays asked
+    in every step on slot 0 and, after LEAST asks, only revisits slot 1."""
+    spec, head = _promising(in_chain)
+    steps = 8 * REVISIT
+    good, bad = _asks_per_slot(spec, head, steps)
+    assert all(good)
+    assert all(bad[:LEAST]) and sum(bad[LEAST:]) <= (steps - LEAST) // REVISIT + 1
 
 
 def test_a_costly_drafter_in_a_chain_is_judged_against_the_draft_it_would_displace() -> None:
@@ -173,7 +220,7 @@ def test_a_revisit_the_ledger_alone_called_for_asks_the_whole_length_worth_draft
         (d,) = head.draft([DraftRequest(0, list(context), 3, cost=[1.0, 1.2, 1.3, 1.4])])
         head.accept(0, 0)
         context.append(1)
-    assert not head.worth.ledger.paying
+    assert not head.worth.ledger.paying(0)
     assert LEAST < len(head.n_max_seen) < LEAST + 3 and set(head.n_max_seen) == {3}
 
 
@@ -208,7 +255,7 @@ def test_a_summary_since_a_mark_counts_only_the_asks_after_it() -> None:
         book.asked(0, paid=0.5)
         book.settle(0, None)
     mark = book.mark()
-    assert book.stops == 1 and not book.paying
+    assert book.stops == 1 and not book.paying(0)
     book.asked(0, paid=0.1)
     book.offered(0, rows=1.2)
     book.settle(0, kept=3)
