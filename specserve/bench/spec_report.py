@@ -45,6 +45,7 @@ class Run:
     stats: dict[str, Any] | None
     ledgers: str = ""  # what each costly drafter's asks saved (ledger.py)
     drafters: str = ""  # a chain's drafts, child by child (`drafters`)
+    threads: str = ""  # its forwards on fewer threads than all cores (`fewer_threads`)
 
     @property
     def drafts(self) -> int:
@@ -202,4 +203,14 @@ def progress_line(model: str, workload: str, config: str, run: Run, timed: bool 
         + (f" ({run.drafters})" if run.drafters else "")
         + ("" if timed else " (warm-up, not counted)")
         + (f" [{run.ledgers}]" if run.ledgers else "")
+        + (f" ({run.threads})" if run.threads else "")
     )
+
+
+def fewer_threads(ran: Mapping[int, int], top: int) -> str:
+    """How many of a run's `ran` forwards (per thread count) went on fewer than `top`
+    threads, e.g. '12 of 150 forwards on 1 thread'; '' when none did. A run whose steps the
+    thread tuner kept on one core is slower for a reason no drafter explains."""
+    total = sum(ran.values())
+    fewer = [(t, n) for t, n in sorted(ran.items()) if t < top and n]
+    return ", ".join(f"{n} of {total} forwards on {t} thread{'s' * (t > 1)}" for t, n in fewer)

@@ -14,6 +14,7 @@ own through the answer (docs/perf/2026-12-01-lockstep.md).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -23,6 +24,7 @@ from specserve.bench.spec_report import (
     SHARED,
     Run,
     drafters,
+    fewer_threads,
     ledgers,
     members,
     progress_line,
@@ -51,6 +53,10 @@ class Started:
     engine: Engine
     req: Request
     marks: dict[str, Mark] = field(default_factory=dict)
+    ran: Counter[int] = field(init=False)  # the thread tuner's forwards before the request
+
+    def __post_init__(self) -> None:
+        self.ran = Counter(self.engine.threads.ran if self.engine.threads else {})
 
     def run(self, tok_s: float, seconds: float) -> Run:
         """What the request generated, at `tok_s`, in `seconds`."""
@@ -58,7 +64,9 @@ class Started:
         stats = drafting.stats.as_dict() if drafting else None
         tokens = list(self.req.output)
         spent = ledgers(drafting, self.marks)
-        return Run(tokens, tok_s, seconds, stats, spent, drafters(drafting))
+        tuner = self.engine.threads
+        fewer = fewer_threads(Counter(tuner.ran) - self.ran, tuner.options[-1]) if tuner else ""
+        return Run(tokens, tok_s, seconds, stats, spent, drafters(drafting), fewer)
 
 
 def serve_first(started: Started, prompts: list[list[int]]) -> Started:

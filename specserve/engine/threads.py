@@ -32,7 +32,7 @@ import functools
 import queue
 import statistics
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -69,6 +69,7 @@ class ThreadTuner:
         self.options = (1, top) if top > 1 else (1,)
         self._times: dict[tuple[int, int], deque[float]] = {}
         self._buckets: dict[int, _Bucket] = {}
+        self.ran: Counter[int] = Counter()  # forwards per thread count, tries included
 
     @staticmethod
     def bucket(rows: int) -> int:
@@ -98,6 +99,7 @@ class ThreadTuner:
         return threads
 
     def record(self, rows: int, threads: int, seconds: float) -> None:
+        self.ran[threads] += 1
         b = self.bucket(rows)
         state = self._state(b)
         if state.trying == threads:

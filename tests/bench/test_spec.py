@@ -7,12 +7,21 @@ from pathlib import Path
 import pytest
 
 from specserve.bench.spec import CONFIGS, configs_for, main, own_heads
-from specserve.bench.spec_report import Run, first_difference, histogram, make_row, paired
+from specserve.bench.spec_report import (
+    Run,
+    fewer_threads,
+    first_difference,
+    histogram,
+    make_row,
+    paired,
+    progress_line,
+)
 from specserve.bench.spec_rounds import Started, Warm, rounds
 from specserve.bench.spec_workloads import UNTUNED, messages
 from specserve.cli import build_parser
 from specserve.engine.request import Request
 from specserve.engine.sampling import SamplingParams
+from specserve.engine.threads import ThreadTuner
 from specserve.errors import SpecserveError
 from specserve.speculative.cost import ForwardCost
 
@@ -107,6 +116,7 @@ class _Generating:
     """An engine whose run is logged in its session's order and takes 10 s of its clock."""
 
     speculator = None
+    threads = None
 
     def __init__(self, session: _Rounds, config: str) -> None:
         self.session, self.config = session, config
@@ -254,3 +264,29 @@ def test_untuned_workloads_run_only_when_named() -> None:
     rewrite = messages("rewrite-java", "class Q {}")
     assert rewrite[0]["content"].startswith("Write a quicksort demo in Java.")
     assert rewrite[1] == {"role": "assistant", "content": "class Q {}"}
+
+
+def test_fewer_threads_counts_the_forwards_under_all_cores() -> None:
+    assert fewer_threads({2: 140, 1: 12}, 2) == "12 of 152 forwards on 1 thread"
+    assert fewer_threads({2: 150}, 2) == "" and fewer_threads({}, 2) == ""
+    assert fewer_threads({1: 5, 2: 3, 4: 2}, 4) == (
+        "5 of 10 forwards on 1 thread, 3 of 10 forwards on 2 threads"
+    )
+
+
+def test_a_run_names_its_own_forwards_the_tuner_kept_on_one_thread() -> None:
+    """Only the timed request's forwards: not those of the asks an engine served first."""
+
+    class Engine:
+        speculator = None
+        threads = ThreadTuner(max_threads=2)
+
+    engine = Engine()
+    for t in (1, 1, 2):  # served before the timed request
+        engine.threads.record(1, t, 0.01)
+    started = Started(engine, Request([1], SamplingParams()))  # type: ignore[arg-type]
+    for t in (2, 1, 2, 2):
+        engine.threads.record(1, t, 0.01)
+    run = started.run(10.0, 1.0)
+    assert run.threads == "1 of 4 forwards on 1 thread"
+    assert progress_line("m", "w", "c", run).endswith("(1 of 4 forwards on 1 thread)")

@@ -54,6 +54,7 @@ class _Engine:
     log: list[str]
     per_step: int = 1
     speculator: None = None
+    threads: None = None
     req: Request | None = field(default=None)
 
     def add_request(self, req: Request) -> None:
