@@ -42,6 +42,10 @@ import torch
 
 T = TypeVar("T")
 
+# torch's own count for this machine (its cores, or OMP_NUM_THREADS), read at import, before
+# any tuner changes it: a tuner built later, while an earlier engine's left torch on one
+# thread, took that one thread for all cores and never tried two
+CORES = torch.get_num_threads()
 WINDOW = 5  # timings kept per (bucket, threads); their median resists one interrupted step
 FIRST_TRY = 4  # forwards of a new bucket (on all cores) before one thread is first tried
 RETRY = 24  # forwards between tries after a try that changed the choice
@@ -65,7 +69,7 @@ class _Bucket:
 
 class ThreadTuner:
     def __init__(self, max_threads: int | None = None) -> None:
-        top = max_threads or torch.get_num_threads()
+        top = max_threads or CORES
         self.options = (1, top) if top > 1 else (1,)
         self._times: dict[tuple[int, int], deque[float]] = {}
         self._buckets: dict[int, _Bucket] = {}

@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 import pytest
 import torch
 
+from specserve.engine import threads as threads_module
 from specserve.engine.engine import Engine
 from specserve.engine.request import Request, SpecParams
 from specserve.engine.runner import ModelRunner
@@ -124,6 +125,19 @@ def test_compute_thread_runs_every_job_in_order_on_one_thread() -> None:
 
 def test_one_core_means_one_option() -> None:
     assert ThreadTuner(max_threads=1).options == (1,)
+
+
+@pytest.mark.usefixtures("restore_threads")
+def test_a_tuner_built_after_one_that_left_torch_on_one_thread_still_offers_all_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bench builds an engine per run: one born after a run that ended on a try's one
+    thread took that for all the cores there were, and so did every engine after it."""
+    monkeypatch.setattr(threads_module, "CORES", 4)
+    first = ThreadTuner()
+    _run(first, 1, {1: 0.05, 2: 0.10, 4: 0.10}, FIRST_TRY + BURST)
+    assert first.best(1) == 1 and torch.get_num_threads() == 1
+    assert ThreadTuner().options == (1, 4) and ThreadTuner().pick(1) == 4
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 8, 16])
