@@ -12,6 +12,7 @@ import torch
 
 from specserve.cache.store import PromptStore, default_budget
 from specserve.engine.engine import Engine
+from specserve.engine.idle_cores import IdleCores
 from specserve.engine.rollback import STRATEGIES
 from specserve.engine.runner import DEFAULT_SNAPSHOT_DEPTH, ModelRunner
 from specserve.engine.threads import ThreadTuner
@@ -143,7 +144,7 @@ def _threads(s: EngineSettings) -> ThreadTuner | None:
     if s.threads > 0:
         torch.set_num_threads(s.threads)
         return None
-    return ThreadTuner() if torch.device(s.device).type == "cpu" else None
+    return ThreadTuner(idle=IdleCores()) if torch.device(s.device).type == "cpu" else None
 
 
 def _speculator(

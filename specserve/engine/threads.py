@@ -20,6 +20,13 @@ forwards); a try that changes the choice, or a preferred count whose time moves 
 SLOWDOWN from what it was after the last try (outside load arriving or leaving), brings the
 next try forward again (figures: docs/perf/threads.md).
 
+On one thread, though, a load that leaves does not change the step's time, and the gap to
+the next try may have grown to RETRY_MAX: a run could stay on one core long after the load
+had gone. There the kernel's idle counts (engine/idle_cores.py) bring the try forward once
+the other cores sit FREE idle. A sensed try that keeps one thread disarms the sensing until
+the next try that the schedule or a time change makes, so a misleading reading costs one
+try, not one per reading.
+
 Safe for exactness because the kernels on the hot path give the same bits on any thread
 count: our low-bit kernels compute each output on one thread; oneDNN's packed float32
 linears and the attention were checked bit for bit, 1 vs 2 threads
@@ -53,6 +60,7 @@ RETRY_MAX = 8 * RETRY  # the longest gap, reached after 3 tries in a row that ch
 BURST = 3  # forwards per try; the first is not kept (the idle workers wake up cold in it)
 MARGIN = 1.1  # fewer threads only when this much faster: noise must not flip the choice
 SLOWDOWN = 1.5  # the choice this much slower or faster than after the last try: try soon
+FREE = 0.75  # of each other core idle, on one thread: the load has left, try all cores now
 
 
 @dataclass
@@ -65,12 +73,18 @@ class _Bucket:
     trying: int = 0  # the thread count of the try under way (0: none)
     left: int = 0  # its forwards still to run
     reference: float = 0.0  # the choice's median time after the last try
+    armed: bool = True  # idle cores may bring a try forward (see the module's docstring)
+    sensed: bool = False  # the try under way or due was brought forward by idle cores
 
 
 class ThreadTuner:
-    def __init__(self, max_threads: int | None = None) -> None:
+    def __init__(
+        self, max_threads: int | None = None, idle: Callable[[], float | None] | None = None
+    ) -> None:
+        """idle: the idle cores since its last call, or None for no reading (IdleCores)."""
         top = max_threads or CORES
         self.options = (1, top) if top > 1 else (1,)
+        self._idle = idle
         self._times: dict[tuple[int, int], deque[float]] = {}
         self._buckets: dict[int, _Bucket] = {}
         self.ran: Counter[int] = Counter()  # forwards per thread count, tries included
@@ -118,6 +132,16 @@ class ThreadTuner:
             ratio = statistics.median(self._times[(b, threads)]) / state.reference
             if not 1 / SLOWDOWN <= ratio <= SLOWDOWN:  # the load changed: still the right count?
                 state.since = state.gap
+        if threads == 1 and self._idle is not None and len(self.options) > 1:
+            self._sense(self._idle())
+
+    def _sense(self, idle: float | None) -> None:
+        """The other cores sat idle: bring forward the tries of the buckets on one thread."""
+        if idle is None or idle < FREE * (self.options[-1] - 1):
+            return
+        for state in self._buckets.values():
+            if state.choice == 1 and state.armed and not state.trying:
+                state.since, state.sensed, state.armed = state.gap, True, False
 
     def _keep(self, b: int, threads: int, seconds: float) -> None:
         self._times.setdefault((b, threads), deque(maxlen=WINDOW)).append(seconds)
@@ -131,6 +155,7 @@ class ThreadTuner:
         state.gap = RETRY if choice != state.choice else min(max(2 * state.gap, RETRY), RETRY_MAX)
         state.choice, state.trying, state.since = choice, 0, 0
         state.reference = median[choice]
+        state.armed, state.sensed = not state.sensed, False
 
     def best(self, rows: int) -> int:
         """The thread count forwards over `rows` rows now run on outside tries."""

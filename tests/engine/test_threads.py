@@ -102,6 +102,51 @@ def test_a_try_ignores_its_first_forward_and_one_thread_needs_a_margin() -> None
     assert tuner.best(1) == 2
 
 
+class _Idle:
+    """Idle-core readings for the tuner: a fixed value, counting how often it is read."""
+
+    def __init__(self, cores: float) -> None:
+        self.cores, self.reads = cores, 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return self.cores
+
+
+@pytest.mark.usefixtures("restore_threads")
+def test_idle_cores_bring_two_threads_back_soon_after_a_load_leaves() -> None:
+    loaded, quiet = {1: 0.10, 2: 0.30}, {1: 0.10, 2: 0.06}  # one thread keeps its own core
+    idle = _Idle(0.0)
+    sensing, timing = ThreadTuner(max_threads=2, idle=idle), ThreadTuner(max_threads=2)
+    # under a load that stays the other core is busy: the same forwards as timing alone
+    assert _run(sensing, 1, loaded, 1000) == _run(timing, 1, loaded, 1000)
+    assert idle.reads > 900 and sensing.best(1) == timing.best(1) == 1
+    # the load leaves: a one-thread step's time does not change, so timing alone waits out
+    # the gap it grew under the load, while the idle core brings a try at once
+    idle.cores = 1.0
+    sensed, timed = _run(sensing, 1, quiet, RETRY), _run(timing, 1, quiet, RETRY)
+    assert sensed[: BURST + 1] == [1, 2, 2, 2] and sensed[-1] == 2 and sensing.best(1) == 2
+    assert timed == [1] * RETRY and timing.best(1) == 1
+    # on two threads the idle counts are not read: they cost nothing on a quiet machine
+    reads = idle.reads
+    _run(sensing, 1, quiet, RETRY)
+    assert idle.reads == reads
+
+
+@pytest.mark.usefixtures("restore_threads")
+def test_a_sensed_try_that_keeps_one_thread_disarms_sensing_until_the_next_try() -> None:
+    """Idle cores that mislead (one thread is faster all the same) cost one try more per
+    scheduled try, not a try per reading."""
+    faster_alone = {1: 0.05, 2: 0.10}
+    sensing = ThreadTuner(max_threads=2, idle=_Idle(1.0))
+    picked = _run(sensing, 1, faster_alone, 2000)
+    timed = _run(ThreadTuner(max_threads=2), 1, faster_alone, 2000)
+    assert sensing.best(1) == 1 and picked[-1] == 1
+    extra = len(_tries([3 - t for t in picked])) - len(_tries([3 - t for t in timed]))
+    assert 1 <= extra <= len(_tries([3 - t for t in timed])) + 1
+    assert picked.count(2) < 0.06 * len(picked)
+
+
 def _fail() -> None:
     raise ValueError("boom")
 
