@@ -96,9 +96,7 @@ class Engine:
         self.threads = threads
         self.forward = TimedForward(runner, self.cost, threads)
         self.budget = DraftBudget(self.cost)  # each slot's draft limits per drafter, with the cost
-        # the mtp speculator needs the target's hidden state at every prompt position, and a
-        # reused prefix has none: no prompt cache with it
-        self.prompts = PromptCache(runner.memory, enabled=prompt_cache and not runner.record_hidden)
+        self.prompts = PromptCache(runner.memory, enabled=prompt_cache)
         self.scheduler = Scheduler(runner.memory.num_slots, prefill_chunk, self.prompts)
         self.samples = Samples(runner, self.scheduler)  # OpenAI's n: one prefill, n samples
 

@@ -109,6 +109,9 @@ class HiddenStateDrafter(Speculator):
         self.relative_cost = relative_cost
         self.sample_drafts = sample_drafts
         self._exact: dict[int, int] = {}  # slot -> head rows built from target hidden states
+        # slot -> the position of its head's first row: past a prompt prefix the target
+        # reused (the prompt cache), whose hidden states were never computed here
+        self._base: dict[int, int] = {}
         self._hidden: dict[int, tuple[int, torch.Tensor]] = {}  # target states not yet fed
 
     def _begin(self, slot: int, prompt: Sequence[int]) -> None:
@@ -117,6 +120,7 @@ class HiddenStateDrafter(Speculator):
     def _reset(self, slot: int) -> None:
         self.cache.truncate(slot, 0)
         self._exact[slot] = 0
+        self._base.pop(slot, None)
         self._hidden.pop(slot, None)
 
     def _gather(self, slot: int) -> tuple[int, torch.Tensor]:
@@ -126,7 +130,12 @@ class HiddenStateDrafter(Speculator):
             q, old = self._hidden[slot]  # states held from before; the new ones win
             p, rows = q, torch.cat((old[: p - q], rows))
         exact = self._exact.get(slot, 0)
-        if p > exact:  # states of earlier positions never came: start the head over
+        if p > exact and exact == self._base.get(slot, 0):
+            # a reused prompt prefix: the head starts after it, its rows' positions shifted
+            # alike (rotary attention sees only their distances); it looks mostly a few rows
+            # back (docs/perf/2026-12-04-head-context.md), so little is lost
+            self._base[slot] = self._exact[slot] = exact = p
+        if p > exact:  # states of positions the head was fed up to never came
             raise RuntimeError(f"slot {slot}: target hidden states start at {p}, need {exact}")
         self._hidden[slot] = (exact, rows[exact - p :])
         return self._hidden[slot]
@@ -134,7 +143,8 @@ class HiddenStateDrafter(Speculator):
     def _catch_up(self, req: DraftRequest) -> tuple[list[int], torch.Tensor]:
         """Rows to feed: tokens x_{i+1} and target states h_i for i = exact .. n - 2."""
         exact, hidden = self._gather(req.slot)
-        self.cache.truncate(req.slot, exact)  # drop last step's approximate rows
+        # drop last step's approximate rows
+        self.cache.truncate(req.slot, exact - self._base.get(req.slot, 0))
         n_rows = len(req.tokens) - 1 - exact
         if n_rows < 1 or hidden.shape[0] < n_rows:
             raise RuntimeError(f"slot {req.slot}: the target's hidden states are missing")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from specserve.cache.store import PromptStore
 from specserve.engine.engine import Engine
 from specserve.engine.request import Request, SpecParams
 from specserve.engine.runner import ModelRunner
@@ -106,6 +107,42 @@ def test_heads_loaded_from_each_layout_keep_greedy_exact(
     assert out == reference
     assert spec is not None
     SEEN.add(spec.stats)
+
+
+def _turns(target, store: bool) -> tuple[Request, int, list[int]]:  # noqa: ANN001
+    """Turn 1, then (with `store`: another conversation in the one slot, which sends turn
+    1's to the prompt store) turn 2 re-sending turn 1 and a new message, on one engine with
+    the head and the prompt cache -> (turn 2's request, the tokens turn 1 left fed at
+    least, the follow-up prompt)."""
+    runner = ModelRunner(target, num_slots=1, max_len=CTX)
+    head = foreseeing_head(target, noise=0.3).to(runner.device)
+    spec = build_speculator(["eagle3"], target=runner, eagle3_head=head, eagle3_cost=0.05)
+    engine = Engine(runner, spec, cost=ForwardCost(measure=False, per_row=0.05))
+    if store:
+        engine.prompts.use_store(PromptStore(1 << 30), spec)
+    params = SamplingParams(temperature=0, max_tokens=40)
+    a, b = _prompts()[:2]
+    (first,) = engine.generate([Request(a, params, SpecParams(n_max=8))])
+    if store:
+        engine.generate([Request(b, params, SpecParams(n_max=8))])
+    follow = first.context + b[:12]
+    (second,) = engine.generate([Request(follow, params, SpecParams(n_max=8))])
+    return second, len(first.context) - 1, follow
+
+
+@pytest.mark.parametrize("store", [False, True], ids=["slot", "store"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3_5"])
+def test_a_follow_up_turn_reuses_its_prefix_and_the_head_drafts_after_it(
+    arch: str, store: bool, bigram
+) -> None:  # noqa: ANN001
+    """The reused prefix has no hidden states here: the head starts after it, and the answer
+    equals a full prefill's without speculation (a hybrid target's too)."""
+    target = bigram if arch == "qwen2" else hybrid_models(arch)[0]
+    second, held, follow = _turns(target, store)
+    cached = second.timings.cache_n  # turn 1's last token was fed too where it was drafted
+    assert held <= cached < len(follow) and second.timings.prompt_n == len(follow) - cached
+    assert second.output == _run(target, "", None, [follow])[0][0][:40]
+    assert 0 < second.timings.draft_n_accepted < second.timings.draft_n
 
 
 @pytest.mark.parametrize("rollback", ["snapshots", "checkpoint"])

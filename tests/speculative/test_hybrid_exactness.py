@@ -140,3 +140,21 @@ def test_auto_and_snapshots_shallower_than_drafts_are_exact(rollback: str, depth
 def test_empty_rejected_and_full_drafts_all_occurred() -> None:
     """Runs after the parametrized cases above (pytest keeps file order)."""
     SEEN.assert_all_occurred()
+
+
+def test_a_follow_up_turn_with_mtp_reuses_its_prefix() -> None:
+    """Qwen3.5's own MTP head and the prompt cache: turn 2 is prefilled after turn 1, the
+    head drafts from the states of its new tokens alone, and the answer is a full
+    prefill's."""
+    target, _ = _models("qwen3_5")
+    runner = ModelRunner(target, 1, CTX)
+    engine = Engine(runner, build_speculator(["mtp"], target=runner))
+    spec = SpecParams(N_MAX, 0, 0.5)
+    params = SamplingParams(temperature=0, max_tokens=40)
+    a = _prompts()[0]
+    (first,) = engine.generate([Request(a, params, spec)])
+    follow = first.context + a[:10]
+    (second,) = engine.generate([Request(follow, params, spec)])
+    assert second.timings.cache_n >= len(first.context) - 1
+    assert second.output == _run(target, [follow])[0][0][:40]
+    assert second.timings.draft_n_accepted > 0
