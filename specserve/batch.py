@@ -6,6 +6,12 @@ position starts[i] (the number of tokens already cached for that slot).
 
 keep_states[i] asks recurrent layers to keep the state after every token of sequence i
 (snapshots that a rollback can return to); attention layers ignore it.
+
+branches[i] lists the alternatives at the end of sequence i (a verification's [last, d1..dk]
+then a1..am), each by the draft token it stands in for (0: d1): a_j sits at that token's
+position, attends to the rows before it and to itself only, and is stored after the
+sequence's other rows (`rows_at`), where a commit that keeps it moves it into place
+(speculative/verify.py `verify_greedy`).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ class FlatBatch:
     cu_seqlens: list[int]
     positions: torch.Tensor  # [T] int64, absolute position of every row
     keep_states: tuple[bool, ...] = ()  # per sequence; empty = none
+    branches: tuple[tuple[int, ...], ...] = ()  # per sequence; empty = none
 
     @classmethod
     def build(
@@ -33,6 +40,7 @@ class FlatBatch:
         lens: Sequence[int],
         device: torch.device,
         keep_states: Sequence[bool] = (),
+        branches: Sequence[Sequence[int]] = (),
     ) -> FlatBatch:
         if not len(slots) == len(starts) == len(lens):
             raise ValueError("slots, starts and lens must have one entry per sequence")
@@ -48,8 +56,16 @@ class FlatBatch:
         pos = [p for s, n in zip(starts, lens, strict=True) for p in range(s, s + n)]
         if keep_states and len(keep_states) != len(slots):
             raise ValueError("keep_states needs one entry per sequence")
+        if any(branches):
+            if len(branches) != len(slots):
+                raise ValueError("branches needs one entry per sequence")
+            for s, end, n, at in zip(starts, cu[1:], lens, branches, strict=True):
+                if not all(0 <= a < n - len(at) - 1 for a in at):
+                    raise ValueError("alternatives need the row they stand in for before them")
+                pos[end - len(at) : end] = [s + 1 + a for a in at]
         positions = torch.tensor(pos, dtype=torch.int64, device=device)
-        return cls(list(slots), list(starts), cu, positions, tuple(keep_states))
+        branched = tuple(map(tuple, branches)) if any(branches) else ()
+        return cls(list(slots), list(starts), cu, positions, tuple(keep_states), branched)
 
     @property
     def num_seqs(self) -> int:
@@ -70,6 +86,15 @@ class FlatBatch:
             ),
             default=0,
         )
+
+    @cached_property
+    def rows_at(self) -> torch.Tensor:
+        """[T] int64: where each row is stored in its slot's cache, its position but for
+        alternatives (`branches`), stored after their sequence's other rows."""
+        if not self.branches:
+            return self.positions
+        at = [s + r for s, n in zip(self.starts, self.lens(), strict=True) for r in range(n)]
+        return torch.tensor(at, dtype=torch.int64, device=self.positions.device)
 
     def keeps_states(self, i: int) -> bool:
         """Whether sequence i keeps its per-token recurrent states (snapshots)."""
@@ -109,3 +134,5 @@ class SlotInput:
     n_logits: int = 1
     # a verification: the slot may be cut back to any of these tokens when it commits
     verify: bool = False
+    # the last tokens' draft tokens they are alternatives to (FlatBatch `branches`)
+    branches: tuple[int, ...] = ()

@@ -71,6 +71,15 @@ class KVCache:
             v[dst, :n] = v[src, :n]
         self.lengths[dst] = n
 
+    def move(self, slot: int, src: int, dst: int) -> None:
+        """Put the slot's row src at dst in every layer (an alternative kept: batch.py
+        `branches`); what was at dst is forgotten."""
+        if not 0 <= dst < src < self.lengths[slot]:
+            raise ValueError(f"slot {slot}: cannot move row {src} to {dst}")
+        for k, v in zip(self.k, self.v, strict=True):
+            k[slot, dst] = k[slot, src]
+            v[slot, dst] = v[slot, src]
+
     def truncate(self, slot: int, n_keep: int) -> None:
         if not 0 <= n_keep <= self.lengths[slot]:
             raise ValueError(f"slot {slot}: cannot keep {n_keep} of {self.lengths[slot]} tokens")

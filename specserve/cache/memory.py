@@ -66,13 +66,19 @@ class Memory:
         if self.recurrent is not None:
             self.recurrent.checkpoint(slot, self.length(slot))
 
-    def commit(self, slot: int, n_keep: int) -> None:
+    def commit(self, slot: int, n_keep: int, moved: int | None = None) -> None:
         """Keep the first n_keep tokens of the slot's sequence; forget the rest.
 
-        n_keep must be restorable (see `restorable`); it always is for KV-only models."""
+        n_keep must be restorable (see `restorable`); it always is for KV-only models.
+        moved: where the last kept token is stored, if past its place (an alternative kept,
+        batch.py `branches`: KV-only models alone verify them)."""
         length = self.length(slot)
         if not 0 <= n_keep <= length:
             raise ValueError(f"slot {slot}: cannot keep {n_keep} of {length} tokens")
+        if moved is not None:
+            if self.recurrent is not None:
+                raise ValueError("a recurrent state cannot take back an alternative's row")
+            self.kv.move(slot, moved, n_keep - 1)
         if self.recurrent is not None:
             self.recurrent.rollback(slot, n_keep, length)
         self.kv.truncate(slot, n_keep)

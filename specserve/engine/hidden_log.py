@@ -27,6 +27,23 @@ class HiddenLog:
         self._chunks.append(rows)
         self.rows += rows.shape[0]
 
+    def move(self, src: int, dst: int) -> None:
+        """Row of position src in place of the row of position dst, in a copy of dst's chunk
+        (an alternative kept: batch.py `branches`)."""
+        i, a = self._locate(src - self.first)
+        j, b = self._locate(dst - self.first)
+        chunk = self._chunks[j] = self._chunks[j].clone()
+        chunk[b] = self._chunks[i][a]
+
+    def _locate(self, row: int) -> tuple[int, int]:
+        """(chunk, row in it) of the log's row `row`."""
+        left = row
+        for i, chunk in enumerate(self._chunks):
+            if left < chunk.shape[0]:
+                return i, left
+            left -= chunk.shape[0]
+        raise IndexError(f"the log holds {self.rows} rows, not row {row}")
+
     def keep(self, n: int) -> None:
         """Keep the first n rows (a verification kept fewer tokens than it logged)."""
         while self._chunks and self.rows - self._chunks[-1].shape[0] >= n:

@@ -103,8 +103,16 @@ class ModelRunner:
         starts = [self.memory.length(w.slot) for w in work]
         keep = [self._prepare_verify(w, s) for w, s in zip(work, starts, strict=True)]
         lens = [len(w.tokens) for w in work]
+        branches = [w.branches for w in work]  # (), or each alternative's draft token
+        if any(branches) and self.memory.recurrent is not None:
+            raise SpecserveError("a recurrent model cannot verify alternatives")
         batch = FlatBatch.build(
-            [w.slot for w in work], starts, lens, self.device, keep if any(keep) else ()
+            [w.slot for w in work],
+            starts,
+            lens,
+            self.device,
+            keep if any(keep) else (),
+            branches if any(branches) else (),
         )
         flat = [t for w in work for t in w.tokens]
         tokens = torch.tensor(flat, dtype=torch.long, device=self.device)
@@ -155,19 +163,24 @@ class ModelRunner:
         self.memory.checkpoint(w.slot)
         return False
 
-    def commit(self, keeps: dict[int, int]) -> None:
-        """After verification: slot -> how many tokens of its sequence to keep.
+    def commit(self, keeps: dict[int, int], moved: dict[int, int] | None = None) -> None:
+        """After verification: slot -> how many tokens of its sequence to keep; `moved`:
+        slot -> where its last kept token is stored, where that is an alternative's row
+        (batch.py `branches`), moved into place with its hidden state.
 
         Each slot goes back to its nearest restore point; slots whose point lies before
         n_keep (checkpoints) replay the kept tokens, all in one batched forward.
         """
         replay = []
+        moved = moved or {}
         for slot, n_keep in keeps.items():
             start, tokens = self._verified.pop(slot, (n_keep, []))
             if self.memory.recurrent is not None and tokens:
                 self.policy.observe(slot, len(tokens), n_keep - start)
             base = self.memory.restorable(slot, n_keep)
-            self.memory.commit(slot, base)
+            if slot in moved and slot in self._hidden:
+                self._hidden[slot].move(moved[slot], n_keep - 1)
+            self.memory.commit(slot, base, moved.get(slot))
             if base < n_keep:
                 if not start <= base or n_keep > start + len(tokens):
                     raise RuntimeError(f"slot {slot}: nothing to replay from {base} to {n_keep}")

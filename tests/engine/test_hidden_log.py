@@ -47,3 +47,17 @@ def test_a_copy_keeps_its_rows_as_the_log_goes_on() -> None:
     assert torch.equal(saved.joined(rows(0, 0)), rows(0, 7))
     saved.add(2, rows(2, 1))
     assert torch.equal(saved.joined(rows(0, 0)), rows(0, 3))
+
+
+def test_a_kept_alternatives_row_takes_the_place_of_the_row_it_stood_for() -> None:
+    # [last, d1, d2, a1] logged from 4 after two rows from 2: a1 (position 7) goes to 5,
+    # in a copy of that chunk (the forward's own rows stay as they were)
+    log = HiddenLog(2)
+    early = torch.arange(2.0)[:, None]
+    step = torch.arange(10.0, 14.0)[:, None]
+    log.add(2, early)
+    log.add(4, step)
+    log.move(7, 5)
+    log.keep(4)
+    assert log.joined(torch.empty(0, 1))[:, 0].tolist() == [0.0, 1.0, 10.0, 13.0]
+    assert step[:, 0].tolist() == [10.0, 11.0, 12.0, 13.0]

@@ -133,3 +133,53 @@ def test_attend_qkv_writes_each_slots_rows_at_its_start_and_refuses_rows_past_th
     late_args = (cos, sin, late.slots, late.starts, late.cu_seqlens, late.positions)
     with pytest.raises(RuntimeError, match="rows beyond the cache"):
         kernels.attend_qkv(qkv[:2], k_cache, v_cache, *late_args, H, 0.125, 0, None, None, 0.0)
+
+
+# verifications with alternatives (batch.py `branches`): slot 1's rows [last, d1, d2, d3, a1,
+# a2] from 29, a1 standing in for d1 and a2 for d2, slot 0's [last, d1, b1] from 40, b1 for
+# d1, across chunks
+BRANCHED = ([1, 0], [29, 40], [6, 3], [(0, 1), (0,)])
+
+
+def _in_place(
+    caches: tuple[torch.Tensor, torch.Tensor], batch: FlatBatch, row: int
+) -> tuple[torch.Tensor, torch.Tensor, FlatBatch]:
+    """The caches as they would be had alternative `row` been fed alone at its position (its
+    key and value moved there), and that one-row batch."""
+    seq = next(i for i, c in enumerate(batch.cu_seqlens[1:]) if row < c)
+    slot, pos, at = batch.slots[seq], int(batch.positions[row]), int(batch.rows_at[row])
+    k, v = (c.clone() for c in caches)
+    k[slot, pos], v[slot, pos] = k[slot, at], v[slot, at]
+    return k, v, FlatBatch.build([slot], [pos], [1], torch.device("cpu"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_an_alternative_sees_the_keys_before_its_position_and_its_own(dtype: torch.dtype) -> None:
+    # every path (naive, SDPA, per row, the CPU kernel for float32) gives an alternative what
+    # one-token decoding gives it in place, and the other rows what they get without it;
+    # the kernel to the bit, as its rows are computed alone
+    slots, starts, lens, branches = BRANCHED
+    g = torch.Generator().manual_seed(5)
+    k_cache = torch.randn(2, 80, 2, 64, generator=g, dtype=dtype)
+    v_cache = torch.randn(2, 80, 2, 64, generator=g, dtype=dtype)
+    batch = FlatBatch.build(slots, starts, lens, torch.device("cpu"), branches=branches)
+    assert batch.positions.tolist() == [29, 30, 31, 32, 30, 31, 40, 41, 41]
+    assert batch.rows_at.tolist() == [29, 30, 31, 32, 33, 34, 40, 41, 42]
+    q = torch.randn(batch.num_tokens, 4, 64, generator=g, dtype=dtype) * 0.2
+    kernel = dtype == torch.float32 and problem() is None
+    paths = {"naive": naive, "fast": fast, "per-row": lambda *a: fast(*a, None, True)}
+    for name, attend in paths.items():
+        # float32 outside the kernel is torch's SDPA, whose sums depend on the shapes
+        exact, tol = kernel and name != "naive", 1e-12 if dtype == torch.float64 else 1e-6
+        got = attend(q, k_cache, v_cache, batch, 0.125)
+        unbranched = [n - len(b) for n, b in zip(lens, branches, strict=True)]
+        plain = FlatBatch.build(slots, starts, unbranched, "cpu")
+        kept = [r for r in range(batch.num_tokens) if r not in (4, 5, 8)]
+        want = attend(q[kept], k_cache, v_cache, plain, 0.125)
+        rows = [(got[kept], want)]
+        for row in (4, 5, 8):
+            k_moved, v_moved, one = _in_place((k_cache, v_cache), batch, row)
+            alone = attend(q[row : row + 1], k_moved, v_moved, one, 0.125)
+            rows.append((got[row : row + 1], alone))
+        for a, b in rows:
+            assert torch.equal(a, b) if exact else torch.allclose(a, b, rtol=0, atol=tol), name

@@ -59,19 +59,28 @@ void store_rows(const torch::Tensor& rows, torch::Tensor& cache, const std::vect
 // task transposes the same keys, and for a few heads that is most of the work.)
 constexpr int64_t MAX_ROWS = 8;
 
-std::vector<AttnTask> make_tasks(const std::vector<int64_t>& slots, const std::vector<int64_t>& cu,
+// A slot's alternatives (rows stored past their position, batch.py `branches`) come last
+// and get a task each: their own key is read from elsewhere, which no other row shares.
+std::vector<AttnTask> make_tasks(const std::vector<int64_t>& slots,
+                                 const std::vector<int64_t>& starts,
+                                 const std::vector<int64_t>& cu, const int64_t* pos,
                                  int64_t heads, int64_t kv_heads, int64_t threads) {
   std::vector<AttnTask> tasks;
   const int64_t group = heads / kv_heads;
   const int64_t pairs = static_cast<int64_t>(slots.size()) * kv_heads;
   for (size_t i = 0; i < slots.size(); ++i) {
-    const int64_t n = cu[i + 1] - cu[i];
+    int64_t n = cu[i + 1] - cu[i];
+    while (n > 0 && pos[cu[i] + n - 1] != starts[i] + n - 1) --n;
     const int64_t blocks =
         std::min(n, std::max((n + MAX_ROWS - 1) / MAX_ROWS, (threads + pairs - 1) / pairs));
-    for (int64_t g = 0; g < kv_heads; ++g)
+    for (int64_t g = 0; g < kv_heads; ++g) {
       for (int64_t b = 0; b < blocks; ++b)
         tasks.push_back({slots[i], g, cu[i] + n * b / blocks, cu[i] + n * (b + 1) / blocks,
                          g * group, (g + 1) * group});
+      for (int64_t r = cu[i] + n; r < cu[i + 1]; ++r)
+        tasks.push_back({slots[i], g, r, r + 1, g * group, (g + 1) * group, pos[r],
+                         starts[i] + r - cu[i]});
+    }
   }
   return tasks;
 }
@@ -106,7 +115,8 @@ void run_tasks(const AttnArgs& a, const std::vector<AttnTask>& tasks, int64_t th
 }  // namespace
 
 torch::Tensor cached_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                               const std::vector<int64_t>& slots, const std::vector<int64_t>& cu,
+                               const std::vector<int64_t>& slots,
+                               const std::vector<int64_t>& starts, const std::vector<int64_t>& cu,
                                torch::Tensor positions, double scale, int64_t window) {
   TORCH_CHECK(q.scalar_type() == torch::kFloat32 && q.dim() == 3 && q.is_contiguous(),
               "attention: q must be contiguous float32 [T, H, D]");
@@ -117,15 +127,19 @@ torch::Tensor cached_attention(torch::Tensor q, torch::Tensor k_cache, torch::Te
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), Hkv = k_cache.size(2);
   TORCH_CHECK(D % 64 == 0 && k_cache.size(3) == D && H % Hkv == 0,
               "attention: head_dim must be a multiple of 64 and heads a multiple of kv heads");
-  TORCH_CHECK(cu.size() == slots.size() + 1 && cu.back() == T && positions.numel() == T &&
-                  positions.scalar_type() == torch::kInt64,
-              "attention: slots, cu_seqlens and positions do not describe q's rows");
+  TORCH_CHECK(cu.size() == slots.size() + 1 && starts.size() == slots.size() && cu.back() == T &&
+                  positions.numel() == T && positions.scalar_type() == torch::kInt64,
+              "attention: slots, starts, cu_seqlens and positions do not describe q's rows");
   std::vector<int64_t> lo(T), hi(T);
   const int64_t* pos = positions.data_ptr<int64_t>();
-  for (int64_t r = 0; r < T; ++r) {
-    TORCH_CHECK(pos[r] >= 0 && pos[r] < k_cache.size(1), "attention: position beyond the cache");
-    hi[r] = pos[r], lo[r] = window > 0 ? std::max<int64_t>(0, pos[r] - window + 1) : 0;
-  }
+  for (size_t i = 0; i < slots.size(); ++i)
+    for (int64_t r = cu[i]; r < cu[i + 1]; ++r) {
+      // a row sees the keys up to its position; an alternative's own key is stored later
+      const int64_t at = starts[i] + r - cu[i];
+      TORCH_CHECK(pos[r] >= 0 && pos[r] <= at && at < k_cache.size(1),
+                  "attention: position beyond the cache, or past where its row is stored");
+      hi[r] = pos[r], lo[r] = window > 0 ? std::max<int64_t>(0, pos[r] - window + 1) : 0;
+    }
   for (int64_t s : slots)
     TORCH_CHECK(s >= 0 && s < k_cache.size(0), "attention: slot beyond the cache");
   auto out = torch::empty_like(q);
@@ -133,7 +147,7 @@ torch::Tensor cached_attention(torch::Tensor q, torch::Tensor k_cache, torch::Te
                    v_cache.data_ptr<float>(), k_cache.size(1), Hkv, H, D, lo.data(), hi.data(),
                    static_cast<float>(scale)};
   const int64_t threads = at::get_num_threads();
-  run_tasks(a, make_tasks(slots, cu, H, Hkv, threads), threads);
+  run_tasks(a, make_tasks(slots, starts, cu, pos, H, Hkv, threads), threads);
   return out;
 }
 
@@ -162,5 +176,5 @@ torch::Tensor attend_qkv(torch::Tensor qkv, torch::Tensor k_cache, torch::Tensor
   auto v = qkv.narrow(1, (heads + Hkv) * D, Hkv * D).view({T, Hkv, D});
   store_rows(k, k_cache, slots, starts, cu);
   store_rows(v, v_cache, slots, starts, cu);
-  return cached_attention(q, k_cache, v_cache, slots, cu, positions, scale, window);
+  return cached_attention(q, k_cache, v_cache, slots, starts, cu, positions, scale, window);
 }

@@ -36,9 +36,12 @@ struct AttnArgs {
 };
 
 // One task: kv head g of `slot` for query rows r0 .. r1 - 1 (all of that slot) and query
-// heads h0 .. h1 - 1 (all of kv head g's group)
+// heads h0 .. h1 - 1 (all of kv head g's group). An alternative's task (batch.py `branches`)
+// has one row, whose own key, `own` (its position), is read from where it is stored, `at`;
+// every other task has own = at = -1.
 struct AttnTask {
   int64_t slot, g, r0, r1, h0, h1;
+  int64_t own = -1, at = -1;
 };
 
 // keys per chunk: a chunk's transposed keys (D x CH floats) and values stay in L1 while every
@@ -118,6 +121,9 @@ ATTN_INLINE void prefetch_chunk(const float* first, int64_t stride, int64_t j0, 
       _mm_prefetch(reinterpret_cast<const char*>(first + j * stride + d), _MM_HINT_T0);
 }
 
+// Where key j of the task is stored: itself, but for an alternative's own key
+ATTN_INLINE int64_t stored_at(const AttnTask& t, int64_t j) { return j == t.own ? t.at : j; }
+
 // kt[d * CH + j] = key j0 + j of kv head g, d < D; keys past `last` repeat key `last` (their
 // scores are never read, and the cache may end before the chunk does)
 ATTN_INLINE void transpose_keys(const AttnArgs& a, const AttnTask& t, int64_t j0, int64_t last,
@@ -128,7 +134,7 @@ ATTN_INLINE void transpose_keys(const AttnArgs& a, const AttnTask& t, int64_t j0
     const float* rows[8];
     for (int i = 0; i < 8; ++i) {
       const int64_t j = j0 + jb + i;
-      rows[i] = k + (j < last ? j : last) * stride;
+      rows[i] = k + stored_at(t, j < last ? j : last) * stride;
     }
     for (int64_t d = 0; d < a.D; d += 8) {
       const float* at[8];
@@ -261,6 +267,9 @@ void task_values(const AttnArgs& a, const AttnTask& t, AttnSpan s, float* p) {
       const int64_t j1 = a.lo[r] > j0 ? a.lo[r] : j0;
       const int64_t j2 = a.hi[r] < j0 + ATTN_CH - 1 ? a.hi[r] : j0 + ATTN_CH - 1;
       if (j1 > j2) continue;
+      // an alternative's own key is its last, stored apart: the chain of fmas goes on
+      // through it in the same order, so the row gets the bits it would get in place
+      const int64_t split = j1 <= t.own && t.own <= j2 ? t.own : j2 + 1;
       for (int64_t h0 = t.h0; h0 < t.h1; h0 += V::AV_NV) {
         const int n = static_cast<int>(t.h1 - h0 < V::AV_NV ? t.h1 - h0 : V::AV_NV);
         const float* pv[V::AV_NV];
@@ -269,7 +278,11 @@ void task_values(const AttnArgs& a, const AttnTask& t, AttnSpan s, float* p) {
           pv[i] = scores_of(p, t, s, r, h0 + i) + (j1 - s.base);
           out[i] = a.out + (r * a.heads + h0 + i) * a.D;
         }
-        values_n<V>(n, pv, values + j1 * stride, stride, j2 - j1 + 1, a.D, out);
+        if (split > j1) values_n<V>(n, pv, values + j1 * stride, stride, split - j1, a.D, out);
+        if (split <= j2) {
+          for (int i = 0; i < n; ++i) pv[i] += split - j1;
+          values_n<V>(n, pv, values + t.at * stride, stride, 1, a.D, out);
+        }
       }
     }
   }

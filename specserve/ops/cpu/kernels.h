@@ -23,7 +23,8 @@ bool lowbit_wide();
 int64_t lowbit_pair_rows(int64_t rows);
 
 torch::Tensor cached_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                               const std::vector<int64_t>& slots, const std::vector<int64_t>& cu,
+                               const std::vector<int64_t>& slots,
+                               const std::vector<int64_t>& starts, const std::vector<int64_t>& cu,
                                torch::Tensor positions, double scale, int64_t window);
 torch::Tensor attend_qkv(torch::Tensor qkv, torch::Tensor k_cache, torch::Tensor v_cache,
                          torch::Tensor cos, torch::Tensor sin, const std::vector<int64_t>& slots,

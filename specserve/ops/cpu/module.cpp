@@ -12,7 +12,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "VNNI calls of this many rows or more take two tiles per 512-bit vector; an argument "
         "sets it (0: only ask). Both give the same bits.");
   m.def("cached_attention", &cached_attention,
-        "attention of q [T, H, D] over the slot KV cache, every row alone (causal, window)");
+        "attention of q [T, H, D] over the slot KV cache, every row alone (causal, window; "
+        "a row stored past its position sees the keys before it and its own)");
   m.def("attend_qkv", &attend_qkv,
         "(q/k norm,) rotary q/k from a fused qkv projection, k/v into the cache, then "
         "cached_attention");

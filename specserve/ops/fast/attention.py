@@ -39,6 +39,7 @@ def cached_attention(
             k_cache,
             v_cache,
             batch.slots,
+            batch.starts,
             batch.cu_seqlens,
             batch.positions,
             scale,
@@ -65,8 +66,9 @@ def cached_attention(
         ki = k_cache[slot, lo:kv_len].transpose(0, 1)  # [Hkv, L, D]
         vi = v_cache[slot, lo:kv_len].transpose(0, 1)
         mask = None
-        if n > 1 or window is not None:
-            m = visible_mask(batch.positions[cu[i] : cu[i + 1]], kv_len, window)[:, lo:]
+        if n > 1 or window is not None or batch.branches:
+            at = batch.rows_at[cu[i] : cu[i + 1]] if batch.branches else None
+            m = visible_mask(batch.positions[cu[i] : cu[i + 1]], kv_len, window, at)[:, lo:]
             mask = m.repeat(group, 1)  # [group * n, L], same for every kv head
         oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale)
         out[cu[i] : cu[i + 1]] = oi.view(hkv, group, n, D).permute(2, 0, 1, 3).reshape(n, H, D)
@@ -85,7 +87,10 @@ def _per_row(
     row = 0
     for slot, start, n in zip(batch.slots, batch.starts, batch.lens(), strict=True):
         for t in range(n):
-            one = FlatBatch([slot], [start + t], [0, 1], batch.positions[row : row + 1])
+            pos = batch.positions[row : row + 1]
+            # an alternative is stored past its position (batch.py `branches`)
+            branch = ((int(pos) - start - 1,),) if int(pos) != start + t else ()
+            one = FlatBatch([slot], [start + t], [0, 1], pos, branches=branch)
             out[row : row + 1] = cached_attention(
                 q[row : row + 1], k_cache, v_cache, one, scale, window
             )

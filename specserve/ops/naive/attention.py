@@ -13,14 +13,18 @@ import torch.nn.functional as F
 from specserve.batch import FlatBatch
 
 
-def visible_mask(q_pos: torch.Tensor, kv_len: int, window: int | None) -> torch.Tensor:
+def visible_mask(
+    q_pos: torch.Tensor, kv_len: int, window: int | None, at: torch.Tensor | None = None
+) -> torch.Tensor:
     """q_pos: [n] absolute positions -> [n, kv_len] bool, True where key j may be attended.
 
     Causal: j <= p. Sliding window of size w: p - j < w (the key w positions back is out).
+    at: [n] where each row's own key is stored, where that is not its position (an
+    alternative, batch.py `branches`): the row sees the keys before p and its own.
     """
     j = torch.arange(kv_len, device=q_pos.device)[None, :]
     p = q_pos[:, None]
-    mask = j <= p
+    mask = j <= p if at is None else (j < p) | (j == at[:, None])
     if window is not None:
         mask &= (p - j) < window
     return mask
@@ -41,7 +45,8 @@ def cached_attention(
     for i, (slot, start) in enumerate(zip(batch.slots, batch.starts, strict=True)):
         rows = slice(cu[i], cu[i + 1])
         kv_len = start + (cu[i + 1] - cu[i])
-        mask = visible_mask(batch.positions[rows], kv_len, window)
+        at = batch.rows_at[rows] if batch.branches else None
+        mask = visible_mask(batch.positions[rows], kv_len, window, at)
         qi = q[rows].transpose(0, 1)  # [H, n, D]
         ki = k_cache[slot, :kv_len].transpose(0, 1)  # [Hkv, L, D]
         vi = v_cache[slot, :kv_len].transpose(0, 1)
