@@ -123,7 +123,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="configurations: a speculator type or a comma-separated chain, or `forced` (no "
         "speculator: only the tokens a grammar forces are drafted), or `shared:CHAIN` (CHAIN "
         "told the reference's output first, as --share-outputs tells a replica what another "
-        "answered); `none` (no speculation) always runs first as the reference",
+        "answered), each with `@N` for N runners-up a head may offer for its first draft "
+        "token (--draft-alternatives; `@0`: none); `none` (no speculation) always runs first "
+        "as the reference",
     )
     p.add_argument("--draft-model", default="qwen2.5-coder-0.5b", help="for `draft` configs")
     p.add_argument("--draft-max", type=int, default=16, help="most draft tokens per step")
@@ -289,7 +291,7 @@ class Session:
 
         a = self.args
         n = max_tokens or a.max_tokens
-        chain = config.removeprefix(SHARED)
+        chain, _, alternatives = config.removeprefix(SHARED).partition("@")
         types = () if chain in (NONE, FORCED) else tuple(chain.split(","))
         first = self.served_first(model) if types else []
         settings = EngineSettings(
@@ -308,6 +310,8 @@ class Session:
             raise SpecserveError(f"{config}: none of its speculators learns shared outputs")
         params = SamplingParams(temperature=0.0, max_tokens=n)
         spec = SpecParams(n_max=a.draft_max if types or config == FORCED else 0)
+        if alternatives:
+            spec.alternatives = int(alternatives)
         tok = self.tokenizer(model)
         req = Request(prompt, params, spec, stop_ids=tok.eog_ids)
         req.prediction = prediction or []
@@ -324,7 +328,15 @@ def configs_for(model: str, args: argparse.Namespace) -> list[str]:
     """`none` first, then the asked configurations that make sense for this model."""
     asked = [c for c in args.spec_types if c != NONE]
     # a model drafting for itself would accept everything and measure nothing
-    return [NONE, *(c for c in asked if "draft" not in c.split(",") or model != args.draft_model)]
+    return [
+        NONE,
+        *(c for c in asked if "draft" not in chain_of(c) or model != args.draft_model),
+    ]
+
+
+def chain_of(config: str) -> list[str]:
+    """A configuration's speculator types (`shared:` and `@N` left off)."""
+    return config.removeprefix(SHARED).partition("@")[0].split(",")
 
 
 def main(args: argparse.Namespace) -> None:
@@ -366,7 +378,7 @@ def own_heads(args: argparse.Namespace) -> None:
     from specserve.loading.eagle3 import has_own_head
 
     for model in args.models:
-        chains = [c.removeprefix(SHARED).split(",") for c in configs_for(model, args)]
+        chains = [chain_of(c) for c in configs_for(model, args)]
         if not any("eagle3" in chain for chain in chains) or has_own_head(model):
             continue
         if args.head_minutes <= 0:

@@ -46,6 +46,7 @@ class Run:
     ledgers: str = ""  # what each costly drafter's asks saved (ledger.py)
     drafters: str = ""  # a chain's drafts, child by child (`drafters`)
     threads: str = ""  # its forwards on fewer threads than all cores (`fewer_threads`)
+    branches: tuple[int, int] = (0, 0)  # alternatives verified, and kept (verify.py)
 
     @property
     def drafts(self) -> int:
@@ -197,6 +198,7 @@ def drafters(spec: Speculator | None) -> str:
 
 
 def progress_line(model: str, workload: str, config: str, run: Run, timed: bool = True) -> str:
+    offered, kept = run.branches
     return (
         f"[{model} {workload} {config}] {len(run.tokens)} tokens, {run.tok_s:.2f} tok/s, "
         f"{run.drafts} drafts"
@@ -204,6 +206,7 @@ def progress_line(model: str, workload: str, config: str, run: Run, timed: bool 
         + ("" if timed else " (warm-up, not counted)")
         + (f" [{run.ledgers}]" if run.ledgers else "")
         + (f" ({run.threads})" if run.threads else "")
+        + (f" (alternatives kept: {kept} of {offered})" if offered else "")
     )
 
 

@@ -54,9 +54,15 @@ class Started:
     req: Request
     marks: dict[str, Mark] = field(default_factory=dict)
     ran: Counter[int] = field(init=False)  # the thread tuner's forwards before the request
+    branched: tuple[int, int] = field(init=False)  # the alternatives before it (`branches`)
 
     def __post_init__(self) -> None:
         self.ran = Counter(self.engine.threads.ran if self.engine.threads else {})
+        self.branched = self.branches()
+
+    def branches(self) -> tuple[int, int]:
+        """The engine's alternatives verified and kept so far (speculative/verify.py)."""
+        return self.engine.branches_verified, self.engine.branches_kept
 
     def run(self, tok_s: float, seconds: float) -> Run:
         """What the request generated, at `tok_s`, in `seconds`."""
@@ -66,7 +72,9 @@ class Started:
         spent = ledgers(drafting, self.marks)
         tuner = self.engine.threads
         fewer = fewer_threads(Counter(tuner.ran) - self.ran, tuner.options[-1]) if tuner else ""
-        return Run(tokens, tok_s, seconds, stats, spent, drafters(drafting), fewer)
+        (offered, kept), (before, kept_before) = self.branches(), self.branched
+        branches = (offered - before, kept - kept_before)
+        return Run(tokens, tok_s, seconds, stats, spent, drafters(drafting), fewer, branches)
 
 
 def serve_first(started: Started, prompts: list[list[int]]) -> Started:

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import torch
 
+from specserve.engine.branch_drafts import branchable, branches, deciding_rows, kept_row
 from specserve.engine.grammar_drafts import grammar_draft, kept_of
 from specserve.engine.logprobs import TokenLogprob, token_logprobs
 from specserve.engine.prompt_cache import PromptCache
@@ -99,6 +100,10 @@ class Engine:
         self.prompts = PromptCache(runner.memory, enabled=prompt_cache)
         self.scheduler = Scheduler(runner.memory.num_slots, prefill_chunk, self.prompts)
         self.samples = Samples(runner, self.scheduler)  # OpenAI's n: one prefill, n samples
+        # alternatives to draft tokens verified, and kept (engine/branch_drafts.py)
+        self.branches_verified = 0
+        self.branches_kept = 0
+        self._recurrent = runner.memory.recurrent is not None
 
     @property
     def max_len(self) -> int:
@@ -161,7 +166,7 @@ class Engine:
             return out + self._recompute_or_fail(plan.requests, e)
         out += self._after_prefills(plan, pre_logits)
         results = self._verify(plan.decode, proposals, logits)
-        self._commit(plan.decode, results)
+        self._commit(plan.decode, proposals, results)
         return out + self._feed_back(plan.decode, proposals, results, logits)
 
     def _schedule(self) -> tuple[list[StepOutput], StepPlan]:
@@ -197,15 +202,21 @@ class Engine:
             for req, p, lg in zip(decoding, proposals, logits, strict=True)
         ]
 
-    def _commit(self, decoding: list[Request], results: list[VerifyResult | StepOutput]) -> None:
-        """Keep each slot's last token and its accepted drafts; the new token is fed next."""
-        self.runner.commit(
-            {
-                req.slot: len(req.context) + v.accepted
-                for req, v in zip(decoding, results, strict=True)
-                if isinstance(v, VerifyResult)
-            }
-        )
+    def _commit(
+        self,
+        decoding: list[Request],
+        proposals: list[Proposal],
+        results: list[VerifyResult | StepOutput],
+    ) -> None:
+        """Keep each slot's last token and its accepted drafts, an alternative's row moved
+        into place where one was kept; the new token is fed next."""
+        keeps, moved = {}, {}
+        for req, p, v in zip(decoding, proposals, results, strict=True):
+            if isinstance(v, VerifyResult):
+                keeps[req.slot] = len(req.context) + v.accepted
+                if (row := kept_row(req, p.verified, v)) is not None:
+                    moved[req.slot] = row
+        self.runner.commit(keeps, moved)
 
     def _feed_back(
         self,
@@ -227,12 +238,18 @@ class Engine:
         speculator hears how much of its own draft was kept, which differs from what was
         verified only where a grammar cut or replaced it."""
         draft, verified = proposal
-        own = result.accepted if verified is draft else kept_of(draft, result)
+        if result.branch is not None:  # the draft kept up to the alternative
+            own = result.accepted - 1
+        else:
+            own = result.accepted if verified is draft else kept_of(draft, result)
         if self.speculator is not None:
             self.speculator.accept(req.slot, own)
         self.budget.update(req.slot, len(draft), own, req.spec.n_max, draft.source)
         req.timings.draft_n += len(verified)
         req.timings.draft_n_accepted += result.accepted
+        if (order := deciding_rows(verified, result)) is not None:
+            rows = rows[order]
+            self.branches_kept += 1
         out = self._emit(req, result.tokens, rows)
         out.drafted = min(result.accepted, len(out.tokens))  # a stop may cut the draft short
         out.drafted_by = verified.source if out.drafted else ""
@@ -244,10 +261,14 @@ class Engine:
         and what the slot verifies of it under its grammar (engine/grammar_drafts.py)."""
         drafts = self._speculate(plan)
         max_len = self.runner.memory.max_len
-        return [
-            Proposal(d, grammar_draft(r, d, min(r.spec.n_max, max_len - len(r.context))))
-            for r, d in zip(plan.decode, drafts, strict=True)
-        ]
+        out = []
+        for r, d in zip(plan.decode, drafts, strict=True):
+            room = min(r.spec.n_max, max_len - len(r.context))
+            verified = grammar_draft(r, d, room)
+            verified = branchable(r, verified, max_len - len(r.context), self._recurrent)
+            self.branches_verified += len(verified.alternatives)
+            out.append(Proposal(d, verified))
+        return out
 
     def _speculate(self, plan: StepPlan) -> list[Draft]:
         wanted = [r for r in plan.decode if r.spec.n_max > 0]
@@ -277,6 +298,7 @@ class Engine:
             prediction=req.prediction,
             temperature=0.0 if req.params.greedy else req.params.temperature,
             seed=req.seed,
+            alternatives=req.spec.alternatives if branches(req, self._recurrent) else 0,
         )
 
     def _after_prefill(

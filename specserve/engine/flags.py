@@ -147,6 +147,15 @@ def _add_spec_args(p: argparse.ArgumentParser, default_spec: str) -> None:
         f"(eagle3, mtp) drafts its first token at any and learns which are kept ({d.p_min})",
     )
     s.add_argument(
+        "--draft-alternatives",
+        type=int,
+        default=d.alternatives,
+        help="a head (eagle3, mtp) offers this many runners-up for its first draft token, "
+        "each verified in one more row beside the draft where it is worth that row: a "
+        "one-level token tree, for greedy requests without penalties or a grammar on "
+        f"attention-only targets; 0: none ({d.alternatives})",
+    )
+    s.add_argument(
         "--rollback",
         default="auto",
         choices=STRATEGIES,
@@ -201,4 +210,6 @@ def settings_from_args(args: argparse.Namespace) -> EngineSettings:
 
 def spec_defaults_from_args(args: argparse.Namespace) -> SpecParams:
     """Per-request speculation defaults (ValueError if the flags contradict each other)."""
-    return SpecParams(args.draft_max, args.draft_min, args.draft_p_min)
+    return SpecParams(
+        args.draft_max, args.draft_min, args.draft_p_min, alternatives=args.draft_alternatives
+    )

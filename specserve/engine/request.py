@@ -28,19 +28,24 @@ class SpecParams:
     n_max / n_min: most / fewest draft tokens (shorter drafts are dropped); p_min: a draft
     model stops before a token it gives less probability (llama.cpp's default 0.75), a head
     (eagle3, mtp) after its first, whose confidence it learns to judge (speculative/mtp.py);
-    types: the speculator types this request may use (None = all that are loaded).
+    types: the speculator types this request may use (None = all that are loaded);
+    alternatives: runners-up a head may offer for its first draft token (speculative/verify.py
+    `verify_greedy`).
     """
 
     n_max: int = 16
     n_min: int = 0
     p_min: float = 0.75
     types: tuple[str, ...] | None = None
+    alternatives: int = 2
 
     def __post_init__(self) -> None:
         if not 0 <= self.n_min <= max(self.n_max, 0) or self.n_max < 0:
             raise ValueError(f"need 0 <= draft-min <= draft-max, got {self.n_min} and {self.n_max}")
         if not 0.0 <= self.p_min <= 1.0:
             raise ValueError(f"draft p-min must be in [0, 1], got {self.p_min}")
+        if self.alternatives < 0:
+            raise ValueError(f"draft alternatives must be >= 0, got {self.alternatives}")
 
 
 @dataclass

@@ -52,9 +52,11 @@ class TimedForward:
 
 
 def slot_inputs(plan: StepPlan, drafts: list[Draft]) -> list[SlotInput]:
-    """The forward's inputs: each prompt chunk, and each decoding slot's [last, d1..dk]."""
+    """The forward's inputs: each prompt chunk, and each decoding slot's [last, d1..dk]
+    followed by the draft's alternatives (batch.py `branches`)."""
     work = [SlotInput(r.slot, chunk, int(last)) for r, chunk, last in plan.prefill]
     for req, d in zip(plan.decode, drafts, strict=True):
+        tokens = [req.output[-1], *d.tokens, *d.alternatives]
         # with drafts, the slot may be cut back to any of these tokens at commit
-        work.append(SlotInput(req.slot, [req.output[-1], *d.tokens], len(d) + 1, verify=len(d) > 0))
+        work.append(SlotInput(req.slot, tokens, len(tokens), len(d) > 0, branches=tuple(d.alt_at)))
     return work

@@ -284,6 +284,7 @@ class OpenAIEndpoints:
                 n_min=d.n_min if asked.n_min is None else asked.n_min,
                 p_min=d.p_min if asked.p_min is None else asked.p_min,
                 types=None if asked.types is None else tuple(asked.types),
+                alternatives=d.alternatives if asked.alternatives is None else asked.alternatives,
             )
         except ValueError as e:
             raise ApiError(400, f"speculative: {e}", param="speculative") from e

@@ -58,6 +58,7 @@ class SpeculativeSettings(BaseModel):
     n_max: int | None = None
     n_min: int | None = None
     p_min: float | None = None
+    alternatives: int | None = None  # a head's runners-up per draft token (0: none)
 
 
 class ResponseFormat(BaseModel):

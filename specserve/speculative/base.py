@@ -23,7 +23,6 @@ from typing import ClassVar, TypeVar
 
 import torch
 
-from specserve.ops.cpu.build import kernels_for
 from specserve.speculative.draft_length import DraftWorth
 from specserve.speculative.rates import AcceptanceModel, count_kept, count_positions, grow
 
@@ -37,18 +36,6 @@ def slot_state(table: dict[int, S], slot: int, make: Callable[[], S]) -> S:
     if state is None:
         state = table[slot] = make()
     return state
-
-
-def likeliest(logits: torch.Tensor) -> tuple[int, float]:
-    """The likeliest token of a row of logits [V] and its probability, as a drafter asks at
-    every draft token: one pass of our float32 kernel, else one softmax (an argmax and a
-    logsumexp over the row cost a head's ask more, docs/perf/2026-11-29-head-asks.md)."""
-    kernels = kernels_for(logits)
-    if kernels is not None:
-        (best,), (p,) = kernels.top1_softmax(logits.reshape(1, -1))
-        return best, p
-    p, best = torch.softmax(logits.float(), dim=-1).max(dim=-1)
-    return int(best), float(p)
 
 
 @dataclass
@@ -83,6 +70,9 @@ class DraftRequest:
     # per drafter type, the slot's draft limit from that drafter's own drafts (DraftBudget,
     # draft_length.py): one drafter's miss does not cut another's next ask
     limits: Mapping[str, int] = field(default_factory=dict)
+    # how many runners-up per draft token the slot can verify (verify.py `verify_greedy`;
+    # 0 where it cannot: sampled, penalised, constrained, recurrent)
+    alternatives: int = 0
 
     def limited(self, name: str) -> DraftRequest:
         """The request as drafter `name` gets it: n_max cut to its own limit."""
@@ -92,6 +82,15 @@ class DraftRequest:
     def verify_cost(self, k: int) -> float:
         """cost[k]; the engine sends one entry per length up to the largest n_max asked."""
         return 1.0 if self.cost is None else self.cost[k]
+
+    def row_cost(self, k: int) -> float:
+        """What one more row costs after k draft tokens' rows, in plain steps (past the
+        last length sent, the last row's)."""
+        cost = self.cost
+        if cost is None or len(cost) < 2:
+            return 0.0
+        k = min(k, len(cost) - 2)
+        return cost[k + 1] - cost[k]
 
 
 @dataclass
@@ -104,12 +103,36 @@ class Draft:
         context it matched); acceptance is learnt per tier (speculative/rates.py).
     source: the type of the speculator that proposed it (a chain passes its child's on), so
         the server can tell clients whose tokens were kept.
+    alternatives: other tokens for some of its positions, verified beside the draft where
+        greedy decoding of a KV-only target can (speculative/verify.py `verify_greedy`):
+        alternatives[j] stands in for tokens[alt_at[j]], with the drafter's probability
+        alt_probs[j] there.
     """
 
     tokens: list[int] = field(default_factory=list)
     probs: torch.Tensor | None = None
     tier: int = 0
     source: str = ""
+    alternatives: list[int] = field(default_factory=list)
+    alt_probs: list[float] = field(default_factory=list)
+    alt_at: list[int] = field(default_factory=list)
+
+    def add(self, token: int, others: Sequence[tuple[int, float]] = ()) -> None:
+        """Append a token, and `others` (token, probability) as its alternatives."""
+        for t, p in others:
+            self.alternatives.append(t)
+            self.alt_probs.append(p)
+            self.alt_at.append(len(self.tokens))
+        self.tokens.append(token)
+
+    def branched(self, keep: Sequence[int]) -> Draft:
+        """The draft with only its alternatives of indices `keep`."""
+        return replace(
+            self,
+            alternatives=[self.alternatives[j] for j in keep],
+            alt_probs=[self.alt_probs[j] for j in keep],
+            alt_at=[self.alt_at[j] for j in keep],
+        )
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -254,10 +277,31 @@ class Speculator:
         d = _clip(full, self.worth.cut_length(req, full))
         if len(d) < max(req.n_min, 1):
             d = Draft()
+        elif d.alternatives:
+            d = self._branched(req, d)
         self.rates.hold(req.slot, len(req.tokens), full.tokens, full.tier)
         self._last[req.slot] = (len(d), full)
         self.worth.ledger.offered(req.slot, req.verify_cost(len(d)))
         return d
+
+    def _branched(self, req: DraftRequest, d: Draft) -> Draft:
+        """`d` with the alternatives worth their verify row. Alternative a at draft position
+        i adds a token where the draft's tokens before i are kept (r_{i-1}, rates.py) and
+        the target's token at i is a (p(a), by the drafter), for one more row: the likeliest
+        to add one are kept while that chance over the row's cost exceeds the draft's value
+        (tokens per step-equivalent, draft_length.py)."""
+        at = [j for j, i in enumerate(d.alt_at) if i < len(d)][: req.alternatives * len(d)]
+        if not at:
+            return d.branched([])
+        reach = [1.0, *self.acceptance_rates(req.slot, len(d), d.tier)]
+        chance = {j: reach[d.alt_at[j]] * d.alt_probs[j] for j in at}
+        value = self.worth.value(req, d)
+        kept: list[int] = []
+        for j in sorted(at, key=lambda j: -chance[j]):
+            if chance[j] <= value * req.row_cost(len(d) + len(kept)):
+                break
+            kept.append(j)
+        return d.branched(sorted(kept))
 
     def _named(self, d: Draft) -> Draft:
         """The draft with its proposer's type: a chain's drafts keep their child's."""
@@ -340,4 +384,5 @@ def _clip(d: Draft, n_max: int) -> Draft:
     if len(d) <= n_max:
         return d
     probs = d.probs[:n_max] if d.probs is not None else None
-    return Draft(list(d.tokens[:n_max]), probs, d.tier, d.source)
+    clipped = replace(d, tokens=list(d.tokens[:n_max]), probs=probs)
+    return clipped.branched([j for j, i in enumerate(d.alt_at) if i < n_max])

@@ -25,7 +25,8 @@ from typing import Any, Protocol
 import torch
 
 from specserve.batch import SlotInput
-from specserve.speculative.base import Draft, DraftRequest, Speculator, likeliest
+from specserve.speculative.base import Draft, DraftRequest, Speculator
+from specserve.speculative.picks import likeliest, runners_up
 from specserve.tokens import shared_prefix
 
 
@@ -102,7 +103,7 @@ class DraftModelSpeculator(Speculator):
 
     def _draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         drafts = {r.slot: Draft() for r in requests}
-        limits = {r.slot: (r.n_max, r.p_min) for r in requests}
+        limits = {r.slot: (r.n_max, r.p_min, r.alternatives) for r in requests}
         work = [SlotInput(r.slot, self._catch_up(r), 1) for r in requests if r.n_max > 0]
         caught_up = False
         while work:
@@ -115,10 +116,10 @@ class DraftModelSpeculator(Speculator):
             for w, lg in zip(work, logits, strict=True):
                 self._fed[w.slot].extend(w.tokens)
                 tok, p = likeliest(lg[-1])
-                n_max, p_min = limits[w.slot]
+                n_max, p_min, n_alt = limits[w.slot]
                 if p < p_min:
                     continue
-                drafts[w.slot].tokens.append(tok)
+                drafts[w.slot].add(tok, runners_up(lg[-1], tok, p, n_alt))
                 if len(drafts[w.slot]) < n_max:
                     nxt.append(SlotInput(w.slot, [tok], 1))
             work = nxt

@@ -30,7 +30,8 @@ from specserve.batch import FlatBatch
 from specserve.cache.kv import KVCache
 from specserve.models.layers.embedding import Embedding
 from specserve.models.qwen3_next import MtpHead
-from specserve.speculative.base import Draft, DraftRequest, Speculator, likeliest
+from specserve.speculative.base import Draft, DraftRequest, Speculator
+from specserve.speculative.picks import likeliest, runners_up
 from specserve.speculative.verify import Stream, position_uniforms, sample_from_probs
 
 # a head's first draft token is proposed however unsure the head is, and labelled with its
@@ -192,14 +193,19 @@ class HiddenStateDrafter(Speculator):
                 if self.sample_drafts and req.temperature > 0:
                     tok, q = self._sample(req, logits, len(draft))
                     probs[slot].append(q)
+                    draft.tokens.append(tok)
                 else:
                     best, p = likeliest(logits)
                     if not draft:  # the first token at any confidence, which labels the draft
                         draft.tier = confidence_tier(p)
                     elif req.p_min > 0 and p < req.p_min:
                         continue  # later ones where the head is sure enough (llama.cpp's p_min)
+                    # the head's runners-up beside its token: on the 0.5B's Python answer
+                    # its top-1 was the target's token on 53 % of rows, its top-2 on 65 %
+                    # (docs/perf/2026-12-04-head-context.md)
+                    others = runners_up(logits, best, p, req.alternatives)
                     tok = self._target_id(best)
-                draft.tokens.append(tok)
+                    draft.add(tok, [(self._target_id(t), q) for t, q in others])
                 if len(draft) < req.n_max:
                     nxt[0].append(slot)
                     nxt[1].append([tok])

@@ -117,10 +117,13 @@ def _sample_row(p: torch.Tensor, seed: int, position: int, stream: Stream) -> in
 
 @dataclass
 class VerifyResult:
-    """What one slot keeps: `tokens` = accepted drafts + one recovered or bonus token."""
+    """What one slot keeps: `tokens` = accepted drafts + one recovered or bonus token.
+    branch: which of the draft's alternatives was kept in place of its first token (then
+    accepted is 1 and the bonus comes from that alternative's row), None where none was."""
 
     accepted: int
     tokens: list[int]
+    branch: int | None = None
 
 
 # ---- the entry point ---------------------------------------------------------------------
@@ -182,6 +185,10 @@ def verify(
     Greedy without a constraint takes the argmax of the logits: what one-hot probs would
     reduce every rule to (tested), without a softmax and a vocabulary-wide CDF per row.
     """
+    if probs is None and constraint is None:
+        return verify_greedy(logits, draft.tokens, draft.alternatives, draft.alt_at)
+    if draft.alternatives:
+        raise ValueError("alternatives are verified for greedy requests without a grammar only")
     if constraint is not None:
         return verify_constrained(constraint, logits, probs, draft.tokens, seed, position)
     if probs is None:
@@ -213,16 +220,30 @@ def ranked_ids(x: np.ndarray, k: int) -> list[int]:
     return sorted(np.flatnonzero(x >= floor).tolist(), key=lambda t: (-x[t], t))
 
 
-def verify_greedy(target_logits: torch.Tensor, draft: Sequence[int]) -> VerifyResult:
+def verify_greedy(
+    target_logits: torch.Tensor,
+    draft: Sequence[int],
+    alternatives: Sequence[int] = (),
+    alt_at: Sequence[int] = (),
+) -> VerifyResult:
     """Greedy verification of one slot.
 
-    target_logits: [k + 1, V] rows for [last, d1..dk]; draft: [k] tokens d1..dk.
+    target_logits: [k + 1 + m, V] rows for [last, d1..dk, a1..am]; draft: [k] tokens d1..dk;
+    alternatives: [m] tokens a1..am, a_j another guess in place of d_{alt_at[j] + 1}, its
+    row computed as if it stood there (batch.py `branches`). Where the draft is kept up to
+    d_i and d_{i+1} is wrong, an a_j in its place that is the target's token is kept, and
+    its row gives the next token: a token tree whose side branches are one token long (as
+    SpecInfer's and EAGLE's trees, every path is what plain decoding computes).
     """
-    _check_rows(target_logits, len(draft))
+    k, m = len(draft), len(alternatives)
+    _check_rows(target_logits, k + m)
     best = argmax_rows(target_logits)
     n = 0
-    while n < len(draft) and best[n] == draft[n]:
+    while n < k and best[n] == draft[n]:
         n += 1
+    for j, (a, i) in enumerate(zip(alternatives, alt_at, strict=True)):
+        if n < k and i == n and a == best[n]:
+            return VerifyResult(n + 1, [*draft[:n], a, best[k + 1 + j]], branch=j)
     return VerifyResult(n, [*draft[:n], best[n]])
 
 

@@ -117,6 +117,7 @@ class _Generating:
 
     speculator = None
     threads = None
+    branches_verified = branches_kept = 0
 
     def __init__(self, session: _Rounds, config: str) -> None:
         self.session, self.config = session, config
@@ -280,6 +281,7 @@ def test_a_run_names_its_own_forwards_the_tuner_kept_on_one_thread() -> None:
     class Engine:
         speculator = None
         threads = ThreadTuner(max_threads=2)
+        branches_verified = branches_kept = 0
 
     engine = Engine()
     for t in (1, 1, 2):  # served before the timed request

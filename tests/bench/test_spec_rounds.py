@@ -56,6 +56,8 @@ class _Engine:
     speculator: None = None
     threads: None = None
     req: Request | None = field(default=None)
+    branches_verified: int = 0
+    branches_kept: int = 0
 
     def add_request(self, req: Request) -> None:
         self.req = req

@@ -79,6 +79,12 @@ BAD_INPUTS = {
         400,
         "need 0 <= draft-min <= draft-max",
     ),
+    "speculative-negative-alternatives": (
+        CHAT,
+        {"messages": HELLO, "speculative": {"alternatives": -1}},
+        400,
+        "draft alternatives must be >= 0",
+    ),
     "speculative-unknown-key": (
         CHAT,
         {"messages": HELLO, "speculative": {"nmax": 4}},

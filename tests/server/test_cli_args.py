@@ -26,6 +26,8 @@ def test_flags_and_defaults() -> None:
     assert parse_types(args.spec_type) == ["suffix", "draft"]
     assert (args.host, args.port, args.max_queue, args.dtype) == ("127.0.0.1", 8080, 64, "float32")
     assert (args.draft_max, args.draft_min, args.draft_p_min) == (16, 0, 0.75)
+    assert args.draft_alternatives == 2
+    assert parse("--draft-alternatives", "0").draft_alternatives == 0
     assert parse_types(parse().spec_default) == ["ngram-map-k", "suffix", "prediction"]
     assert parse().model == "qwen2.5-coder-0.5b"
     with pytest.raises(SpecserveError, match="unknown speculative type"):
