@@ -26,7 +26,7 @@ import torch
 
 from specserve.batch import SlotInput
 from specserve.speculative.base import Draft, DraftRequest, Speculator
-from specserve.speculative.picks import likeliest, runners_up
+from specserve.speculative.picks import likeliest
 from specserve.tokens import shared_prefix
 
 
@@ -103,7 +103,7 @@ class DraftModelSpeculator(Speculator):
 
     def _draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         drafts = {r.slot: Draft() for r in requests}
-        limits = {r.slot: (r.n_max, r.p_min, r.alternatives) for r in requests}
+        limits = {r.slot: (r.n_max, r.p_min) for r in requests}
         work = [SlotInput(r.slot, self._catch_up(r), 1) for r in requests if r.n_max > 0]
         caught_up = False
         while work:
@@ -116,10 +116,13 @@ class DraftModelSpeculator(Speculator):
             for w, lg in zip(work, logits, strict=True):
                 self._fed[w.slot].extend(w.tokens)
                 tok, p = likeliest(lg[-1])
-                n_max, p_min, n_alt = limits[w.slot]
+                n_max, p_min = limits[w.slot]
                 if p < p_min:
                     continue
-                drafts[w.slot].add(tok, runners_up(lg[-1], tok, p, n_alt))
+                # no runners-up (verify.py `verify_greedy`): above p_min they are unlikely,
+                # and ranking the target's whole vocabulary for them cost the 1.5B's chain
+                # 2 % (docs/perf/2026-12-04-alternatives.md)
+                drafts[w.slot].tokens.append(tok)
                 if len(drafts[w.slot]) < n_max:
                     nxt.append(SlotInput(w.slot, [tok], 1))
             work = nxt
