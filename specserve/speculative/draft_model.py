@@ -121,7 +121,7 @@ class DraftModelSpeculator(Speculator):
                     continue
                 # no runners-up (verify.py `verify_greedy`): above p_min they are unlikely,
                 # and ranking the target's whole vocabulary for them cost the 1.5B's chain
-                # 2 % (docs/perf/2026-12-04-alternatives.md)
+                # more than they gave (docs/perf/2026-12-04-alternatives.md)
                 drafts[w.slot].tokens.append(tok)
                 if len(drafts[w.slot]) < n_max:
                     nxt.append(SlotInput(w.slot, [tok], 1))

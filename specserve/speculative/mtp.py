@@ -200,9 +200,8 @@ class HiddenStateDrafter(Speculator):
                         draft.tier = confidence_tier(p)
                     elif req.p_min > 0 and p < req.p_min:
                         continue  # later ones where the head is sure enough (llama.cpp's p_min)
-                    # the head's runners-up beside its token: on the 0.5B's Python answer
-                    # its top-1 was the target's token on 53 % of rows, its top-2 on 65 %
-                    # (docs/perf/2026-12-04-head-context.md)
+                    # the head's runners-up beside its token: where its top-1 misses, its
+                    # top-2 is often the target's (docs/perf/2026-12-04-head-context.md)
                     others = runners_up(logits, best, p, req.alternatives)
                     tok = self._target_id(best)
                     draft.add(tok, [(self._target_id(t), q) for t, q in others])
