@@ -123,9 +123,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="configurations: a speculator type or a comma-separated chain, or `forced` (no "
         "speculator: only the tokens a grammar forces are drafted), or `shared:CHAIN` (CHAIN "
         "told the reference's output first, as --share-outputs tells a replica what another "
-        "answered), each with `@N` for N runners-up a head may offer for its first draft "
-        "token (--draft-alternatives; `@0`: none); `none` (no speculation) always runs first "
-        "as the reference",
+        "answered), each with `@N` for N runners-up a head may offer for each draft token "
+        "(--draft-alternatives; `@0`: none); `none` (no speculation) always runs first as "
+        "the reference",
     )
     p.add_argument("--draft-model", default="qwen2.5-coder-0.5b", help="for `draft` configs")
     p.add_argument("--draft-max", type=int, default=16, help="most draft tokens per step")

@@ -28,16 +28,19 @@ def branchable(req: Request, d: Draft, room: int, recurrent: bool) -> Draft:
 
 
 def kept_row(req: Request, verified: Draft, result: VerifyResult) -> int | None:
-    """Where the kept alternative's row was stored, after the slot's [last, d1..dk] from
-    len(context) - 1 (engine/timed_forward.py); None where none was kept."""
-    if result.branch is None:
-        return None
-    return len(req.context) + len(verified) + result.branch
+    """Where the kept alternative's row was stored in the slot's cache, its rows being fed
+    from len(context) - 1 (engine/timed_forward.py); None where none was kept."""
+    row = _alternative_row(verified, result)
+    return None if row is None else len(req.context) - 1 + row
 
 
 def deciding_rows(verified: Draft, result: VerifyResult) -> list[int] | None:
     """The rows that decided result.tokens where an alternative was kept (those up to it,
     then its own); None where the rows are in order already."""
-    if result.branch is None:
-        return None
-    return [*range(result.accepted), len(verified) + 1 + result.branch]
+    row = _alternative_row(verified, result)
+    return None if row is None else [*range(result.accepted), row]
+
+
+def _alternative_row(verified: Draft, result: VerifyResult) -> int | None:
+    """The kept alternative's row among the slot's [last, d1..dk, a1..am]; None if none."""
+    return None if result.branch is None else len(verified) + 1 + result.branch

@@ -150,10 +150,10 @@ def _add_spec_args(p: argparse.ArgumentParser, default_spec: str) -> None:
         "--draft-alternatives",
         type=int,
         default=d.alternatives,
-        help="a head (eagle3, mtp) offers this many runners-up for its first draft token, "
-        "each verified in one more row beside the draft where it is worth that row: a "
-        "one-level token tree, for greedy requests without penalties or a grammar on "
-        f"attention-only targets; 0: none ({d.alternatives})",
+        help="a head (eagle3, mtp) offers this many runners-up for each draft token, each "
+        "verified in one more row beside the draft where it is worth that row: a token tree "
+        "whose side branches are one token long, for greedy requests without penalties or a "
+        f"grammar on attention-only targets; 0: none ({d.alternatives})",
     )
     s.add_argument(
         "--rollback",

@@ -29,7 +29,7 @@ class SpecParams:
     model stops before a token it gives less probability (llama.cpp's default 0.75), a head
     (eagle3, mtp) after its first, whose confidence it learns to judge (speculative/mtp.py);
     types: the speculator types this request may use (None = all that are loaded);
-    alternatives: runners-up a head may offer for its first draft token (speculative/verify.py
+    alternatives: runners-up a head may offer for each draft token (speculative/verify.py
     `verify_greedy`).
     """
 

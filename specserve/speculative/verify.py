@@ -118,8 +118,8 @@ def _sample_row(p: torch.Tensor, seed: int, position: int, stream: Stream) -> in
 @dataclass
 class VerifyResult:
     """What one slot keeps: `tokens` = accepted drafts + one recovered or bonus token.
-    branch: which of the draft's alternatives was kept in place of its first token (then
-    accepted is 1 and the bonus comes from that alternative's row), None where none was."""
+    branch: which of the draft's alternatives was kept in place of the draft token it stands
+    in for (counted in `accepted`, its own row giving the last token), None where none was."""
 
     accepted: int
     tokens: list[int]
@@ -175,7 +175,8 @@ def verify(
 ) -> VerifyResult:
     """One slot's verification: every rule behind this one call.
 
-    logits: [k + 1, V] the target's rows for [last, d1..dk], penalised and biased.
+    logits: [k + 1, V] the target's rows for [last, d1..dk], penalised and biased, then a
+        row for each of the draft's alternatives (greedy only: `verify_greedy`).
     probs: [k + 1, V] the distribution the request samples from (engine/sampling.py
         `probs_from_logits`), or None for greedy.
     seed, position: the request's seed and the absolute position of the first token this
@@ -191,8 +192,7 @@ def verify(
         raise ValueError("alternatives are verified for greedy requests without a grammar only")
     if constraint is not None:
         return verify_constrained(constraint, logits, probs, draft.tokens, seed, position)
-    if probs is None:
-        return verify_greedy(logits, draft.tokens)
+    assert probs is not None  # greedy without a grammar returned above
     if draft.probs is None:
         return verify_sampled(probs, draft.tokens, seed, position)
     return verify_rejection(probs, draft.tokens, draft.probs, seed, position)
