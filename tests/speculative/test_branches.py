@@ -126,7 +126,7 @@ def test_a_heads_runner_up_is_offered_and_sometimes_kept(slots: int, target) -> 
     prompts = _prompts()[:slots]
     plain = [r.output for p in prompts for r in _generate(_engine(bigram, None, 1), [p])]
     runner = ModelRunner(bigram, num_slots=slots, max_len=CTX)
-    head = foreseeing_head(bigram, noise=0.6)
+    head = foreseeing_head(bigram, noise=0.6).to(runner.device)
     spec = build_speculator(["eagle3"], target=runner, eagle3_head=head, eagle3_cost=0.05)
     # free rows: every runner-up is worth its row, however unsure the head is of it
     engine = Engine(runner, spec, cost=ForwardCost(measure=False, per_row=0.0))
