@@ -31,7 +31,7 @@ from specserve.cache.kv import KVCache
 from specserve.models.layers.embedding import Embedding
 from specserve.models.qwen3_next import MtpHead
 from specserve.speculative.base import Draft, DraftRequest, Speculator
-from specserve.speculative.picks import likeliest, runners_up
+from specserve.speculative.picks import top_tokens
 from specserve.speculative.verify import Stream, position_uniforms, sample_from_probs
 
 # a head's first draft token is proposed however unsure the head is, and labelled with its
@@ -195,14 +195,13 @@ class HiddenStateDrafter(Speculator):
                     probs[slot].append(q)
                     draft.tokens.append(tok)
                 else:
-                    best, p = likeliest(logits)
+                    # the head's runners-up come beside its token: where its top-1 misses,
+                    # its top-2 is often the target's (docs/perf/2026-12-04-head-context.md)
+                    (best, p), *others = top_tokens(logits, 1 + req.alternatives)
                     if not draft:  # the first token at any confidence, which labels the draft
                         draft.tier = confidence_tier(p)
                     elif req.p_min > 0 and p < req.p_min:
                         continue  # later ones where the head is sure enough (llama.cpp's p_min)
-                    # the head's runners-up beside its token: where its top-1 misses, its
-                    # top-2 is often the target's (docs/perf/2026-12-04-head-context.md)
-                    others = runners_up(logits, best, p, req.alternatives)
                     tok = self._target_id(best)
                     draft.add(tok, [(self._target_id(t), q) for t, q in others])
                 if len(draft) < req.n_max:

@@ -5,6 +5,7 @@ row's result does not depend on the rows beside it."""
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -86,30 +87,30 @@ def test_gated_kernel(activation: str) -> None:
         kernels.gated(torch.zeros(2, 20), True)
 
 
-def test_top1_softmax_is_the_argmax_and_its_softmax_probability() -> None:
+def test_top_softmax_is_the_k_largest_and_their_softmax_probabilities() -> None:
     kernels = kernels_for(torch.zeros(1))
     assert kernels is not None
     g = torch.Generator().manual_seed(3)
     for width in (8, 13, 16000, 16003):  # whole vectors and a scalar tail
         logits = torch.randn(3, width, generator=g) * 4
-        best, p = kernels.top1_softmax(logits)
-        want_p, want = torch.softmax(logits.double(), dim=-1).max(dim=-1)
-        assert best == want.tolist()
-        assert max(abs(a / b - 1) for a, b in zip(p, want_p.tolist(), strict=True)) < 1e-5
-        one_best, one_p = kernels.top1_softmax(logits[1:2])  # a row alone: the same
-        assert (one_best, one_p) == (best[1:2], p[1:2])
-    # the first of tied maxima, as torch's argmax; a row of -inf: no likeliest, p = 0
-    tied = torch.tensor([[1.0, 3.0, 3.0, 2.0], [-float("inf")] * 4])
-    best, p = kernels.top1_softmax(tied)
-    assert (
-        best[0] == 1
-        and abs(
-            p[0]
-            - 1 / (2 + torch.exp(torch.tensor(-1.0)).item() + torch.exp(torch.tensor(-2.0)).item())
-        )
-        < 1e-6
-    )
-    assert p[1] == 0.0
+        for k in (1, 3):
+            ids, probs = kernels.top_softmax(logits, k)
+            want_p, want = torch.softmax(logits.double(), dim=-1).sort(descending=True)
+            assert ids == want[:, :k].tolist()
+            for got_row, want_row in zip(probs, want_p[:, :k].tolist(), strict=True):
+                assert max(abs(a / b - 1) for a, b in zip(got_row, want_row, strict=True)) < 1e-5
+            one = kernels.top_softmax(logits[1:2], k)  # a row alone: the same
+            assert one == (ids[1:2], probs[1:2])
+    # tied ones in index order; k past the row's width: all of it; a row of -inf: one entry
+    # at probability 0
+    tied = torch.tensor([[1.0, 3.0, 2.0, 3.0, 2.0], [-float("inf")] * 5])
+    ids, probs = kernels.top_softmax(tied, 9)
+    assert ids == [[1, 3, 2, 4, 0], [0]] and probs[1] == [0.0]
+    z = 2 + 2 * math.exp(-1) + math.exp(-2)
+    want = [1 / z, 1 / z, math.exp(-1) / z, math.exp(-1) / z, math.exp(-2) / z]
+    assert max(abs(a - b) for a, b in zip(probs[0], want, strict=True)) < 1e-6
+    # a NaN is never picked
+    assert kernels.top_softmax(torch.tensor([[0.0, float("nan"), 1.0]]), 2)[0] == [[2, 0]]
 
 
 def test_rotary_tables_are_the_angles_of_each_position() -> None:

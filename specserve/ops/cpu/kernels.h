@@ -38,4 +38,5 @@ std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor y, torch:
                                         double eps);
 torch::Tensor gated(torch::Tensor gate_up, bool silu);
 torch::Tensor rotary(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
-std::tuple<std::vector<int64_t>, std::vector<double>> top1_softmax(torch::Tensor logits);
+std::tuple<std::vector<std::vector<int64_t>>, std::vector<std::vector<double>>> top_softmax(
+    torch::Tensor logits, int64_t k);

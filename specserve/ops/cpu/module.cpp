@@ -21,8 +21,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "(x + y, rms_norm(x + y) * w), float32");
   m.def("gated", &gated, "act(gate) * up from gate_up [..., 2I]; act silu or tanh-gelu");
   m.def("rotary", &rotary, "NeoX rotary embedding of x [T, H, D] with cos/sin [T, D], float32");
-  m.def("top1_softmax", &top1_softmax,
-        "each row's likeliest index and its softmax probability, float32 logits [N, V]");
+  m.def("top_softmax", &top_softmax,
+        "each row's k likeliest indices, likeliest first, and their softmax probabilities, "
+        "float32 logits [N, V]");
   py::class_<LinearCall>(m, "LinearCall")
       .def(py::init([](std::vector<torch::Tensor> records, std::vector<int64_t> kinds,
                        std::vector<int64_t> n_outs, c10::optional<torch::Tensor> bias) {

@@ -163,36 +163,69 @@ inline float hmax(__m256 v) {
   return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
 }
 
+// The indices of a row's k largest entries, largest first, the first of tied ones first: a
+// vector of 8 is looked at one by one only where one of its entries beats the k-th so far.
+std::vector<int64_t> top_entries(const float* x, int64_t V, int64_t k) {
+  std::vector<int64_t> top;
+  float kth = -INFINITY;  // the k-th largest so far, once there are k
+  auto offer = [&](int64_t i) {
+    if (std::isnan(x[i]) || (static_cast<int64_t>(top.size()) == k && !(x[i] > kth))) return;
+    auto at = top.begin();
+    while (at != top.end() && x[*at] >= x[i]) ++at;  // after the ties already in
+    top.insert(at, i);
+    if (static_cast<int64_t>(top.size()) > k) top.pop_back();
+    if (static_cast<int64_t>(top.size()) == k) kth = x[top.back()];
+  };
+  const int64_t whole = V - V % 8;
+  for (int64_t i = 0; i < whole; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_set1_ps(kth), _CMP_GT_OQ)) == 0 &&
+        static_cast<int64_t>(top.size()) == k)
+      continue;
+    for (int64_t j = i; j < i + 8; ++j) offer(j);
+  }
+  for (int64_t i = whole; i < V; ++i) offer(i);
+  return top;
+}
+
 }  // namespace
 
-// Each row's likeliest entry (the first where several tie) and its softmax probability,
-// 1 / sum(exp(x - max)): a draft head asks this of its logits at every draft token, and
-// torch's softmax, max and their conversions to Python cost it more than its LM head did.
-// A row without a finite largest entry gets probability 0.
-std::tuple<std::vector<int64_t>, std::vector<double>> top1_softmax(torch::Tensor logits) {
+// Each row's k likeliest entries, likeliest first (the first of tied ones first), with their
+// softmax probabilities exp(x - max) / sum(exp(x - max)): a draft head asks this of its
+// logits at every draft token, its token and the runners-up it may offer beside it, and
+// torch's softmax, topk and their conversions to Python cost it more than its LM head did.
+// A row without a finite largest entry gets one entry, index 0 at probability 0.
+std::tuple<std::vector<std::vector<int64_t>>, std::vector<std::vector<double>>> top_softmax(
+    torch::Tensor logits, int64_t k) {
   logits = logits.contiguous();
   TORCH_CHECK(logits.scalar_type() == torch::kFloat32 && logits.dim() == 2 && logits.size(1) > 0,
-              "top1_softmax: float32 logits [N, V], V > 0");
+              "top_softmax: float32 logits [N, V], V > 0");
+  TORCH_CHECK(k > 0, "top_softmax: k > 0");
   const int64_t N = logits.size(0), V = logits.size(1), whole = V - V % 8;
-  std::vector<int64_t> best(N, 0);
-  std::vector<double> prob(N, 0.0);
+  k = std::min(k, V);
+  std::vector<std::vector<int64_t>> ids(N);
+  std::vector<std::vector<double>> probs(N);
   for (int64_t r = 0; r < N; ++r) {
     const float* x = logits.data_ptr<float>() + r * V;
     __m256 vm = _mm256_set1_ps(-INFINITY);
     for (int64_t i = 0; i < whole; i += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(x + i));
     float m = hmax(vm);
     for (int64_t i = whole; i < V; ++i) m = std::max(m, x[i]);
-    if (!std::isfinite(m)) continue;
-    int64_t arg = 0;
-    while (x[arg] != m) ++arg;  // m is one of the row's entries
+    if (!std::isfinite(m)) {
+      ids[r] = {0}, probs[r] = {0.0};
+      continue;
+    }
     const __m256 mv = _mm256_set1_ps(m);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < whole; i += 8)
       acc = _mm256_add_ps(acc, exp_neg(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv)));
     double sum = hsum(acc);
     for (int64_t i = whole; i < V; ++i) sum += std::exp(static_cast<double>(x[i] - m));
-    best[r] = arg;
-    prob[r] = 1.0 / sum;
+    const auto top = top_entries(x, V, k);
+    for (const int64_t i : top) {
+      ids[r].push_back(i);
+      probs[r].push_back(std::exp(static_cast<double>(x[i] - m)) / sum);
+    }
   }
-  return {best, prob};
+  return {ids, probs};
 }
