@@ -23,3 +23,15 @@ def test_a_drafters_picks_are_the_kernels_and_the_reference_alike() -> None:
     assert max(abs(a - b) for (_, a), (_, b) in zip(fast, slow, strict=True)) < 1e-6
     assert likeliest(logits) == fast[0]
     assert likeliest(logits.double())[0] == 7
+
+
+def test_tied_tokens_come_in_index_order_on_both_paths() -> None:
+    g = torch.Generator().manual_seed(5)
+    for _ in range(50):
+        width = int(torch.randint(1, 40, (1,), generator=g))
+        logits = torch.randint(0, 5, (width,), generator=g).float()  # ties everywhere
+        for n in (1, 2, 5):
+            want = torch.softmax(logits.double(), dim=-1).sort(descending=True, stable=True)
+            ids = want.indices[:n].tolist()
+            assert [t for t, _ in top_tokens(logits, n)] == ids  # the kernel
+            assert [t for t, _ in top_tokens(logits.double(), n)] == ids  # the reference
