@@ -156,13 +156,6 @@ torch::Tensor rotary(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
 
 namespace {
 
-// the largest of a vector's 8 lanes
-inline float hmax(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
-
 // The indices of a row's k largest entries, largest first, the first of tied ones first: a
 // vector of 8 is looked at one by one only where one of its entries beats the k-th so far.
 std::vector<int64_t> top_entries(const float* x, int64_t V, int64_t k) {
@@ -207,10 +200,10 @@ std::tuple<std::vector<std::vector<int64_t>>, std::vector<std::vector<double>>> 
   std::vector<std::vector<double>> probs(N);
   for (int64_t r = 0; r < N; ++r) {
     const float* x = logits.data_ptr<float>() + r * V;
-    __m256 vm = _mm256_set1_ps(-INFINITY);
-    for (int64_t i = 0; i < whole; i += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(x + i));
-    float m = hmax(vm);
-    for (int64_t i = whole; i < V; ++i) m = std::max(m, x[i]);
+    // the likeliest entry is the row's largest: no pass of its own for it, and a NaN,
+    // which top_entries passes over, cannot stand in for it
+    const auto top = top_entries(x, V, k);
+    const float m = top.empty() ? NAN : x[top.front()];
     if (!std::isfinite(m)) {
       ids[r] = {0}, probs[r] = {0.0};
       continue;
@@ -221,11 +214,8 @@ std::tuple<std::vector<std::vector<int64_t>>, std::vector<std::vector<double>>> 
       acc = _mm256_add_ps(acc, exp_neg(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv)));
     double sum = hsum(acc);
     for (int64_t i = whole; i < V; ++i) sum += std::exp(static_cast<double>(x[i] - m));
-    const auto top = top_entries(x, V, k);
-    for (const int64_t i : top) {
-      ids[r].push_back(i);
-      probs[r].push_back(std::exp(static_cast<double>(x[i] - m)) / sum);
-    }
+    ids[r] = top;
+    for (const int64_t i : top) probs[r].push_back(std::exp(static_cast<double>(x[i] - m)) / sum);
   }
   return {ids, probs};
 }
