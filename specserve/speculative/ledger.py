@@ -27,7 +27,10 @@ The average is kept per sequence as well as over all of them. A sequence is judg
 own once it has LEAST asks, before that by the pooled one: a server runs prose and code
 side by side, and pooled alone, one slot's paying asks kept the drafter asked at a loss on
 another's prose. Before a sequence has its own record, the pooled one is the best guess,
-and it carries what earlier requests taught to the next.
+and it carries what earlier requests taught to the next. A sequence whose asks have kept
+no token at all is judged by its own record from EARLY asks on: on the 1.5B's prose its
+head lost about a tenth of a step an ask for the 16 asks before its own record could stop
+it (docs/perf/2026-12-04-served-prose-rerun.md).
 """
 
 from __future__ import annotations
@@ -48,6 +51,10 @@ LEAST = 16
 # stopped at zero, the 1.5B's draft model was stopped on Java when about even, and the
 # answer slowed (docs/perf/2026-11-30-warm-rounds.md, 2026-11-30-stop-margin.md)
 STOP_BELOW = -0.1
+# a sequence's own asks judge it from this many on where none kept a token: a drafter that
+# pays keeps some of its first few drafts (a draft model most of them), and over eight asks
+# that kept nothing a mean under STOP_BELOW is no longer noise
+EARLY = 8
 
 
 @dataclass
@@ -78,6 +85,7 @@ class AskLedger:
         self.saved = 0.0  # and in all, with how often the average fell below STOP_BELOW
         self.stops = 0
         self._own: dict[int, tuple[int, float]] = {}  # slot -> its sequence's (asks, mean)
+        self._kept: dict[int, int] = {}  # slot -> the tokens its sequence's asks kept
 
     def asked(self, slot: int, paid: float) -> None:
         """The drafter was asked for `slot` and paid `paid` steps; the ask before it, if
@@ -104,6 +112,7 @@ class AskLedger:
         was = self.paying(slot)
         self.asks, self.mean = _moved(self.asks, self.mean, saved)
         self._own[slot] = _moved(*self._own.get(slot, (0, 0.0)), saved)
+        self._kept[slot] = self._kept.get(slot, 0) + (kept or 0)
         self.saved += saved
         self.stops += int(was and not self.paying(slot))
 
@@ -122,17 +131,18 @@ class AskLedger:
         the new one starts with no record of its own."""
         self.settle(slot, None)
         self._own.pop(slot, None)
+        self._kept.pop(slot, None)
 
     def paying(self, slot: int) -> bool:
-        """Whether the recent asks on the slot's sequence, or while it has fewer than LEAST,
-        on every sequence, did not clearly lose on average (or are too few to say). A
-        margin under zero, not MIN_GAIN's over it, as the rates ask: a head whose asks
-        paid on average was stopped in the hard stretches of an answer, and missed the
-        easy ones after."""
+        """Whether the recent asks on the slot's sequence, or while it has fewer than LEAST
+        (EARLY where none kept a token), on every sequence, did not clearly lose on average
+        (or are too few to say). A margin under zero, not MIN_GAIN's over it, as the rates
+        ask: a head whose asks paid on average was stopped in the hard stretches of an
+        answer, and missed the easy ones after."""
         asks, mean = self._own.get(slot, (0, 0.0))
-        if asks < LEAST:
-            asks, mean = self.asks, self.mean
-        return asks < LEAST or mean >= STOP_BELOW
+        if asks >= LEAST or (asks >= EARLY and not self._kept.get(slot)):
+            return mean >= STOP_BELOW
+        return self.asks < LEAST or self.mean >= STOP_BELOW
 
 
 def _moved(asks: int, mean: float, saved: float) -> tuple[int, float]:

@@ -10,7 +10,7 @@ from specserve.speculative import ledger
 from specserve.speculative.base import Draft, DraftRequest, Speculator
 from specserve.speculative.chain import AGREED, ChainSpeculator
 from specserve.speculative.draft_length import REVISIT
-from specserve.speculative.ledger import LEAST, SPAN, STOP_BELOW, AskLedger
+from specserve.speculative.ledger import EARLY, LEAST, SPAN, STOP_BELOW, AskLedger
 from tests.speculative.test_cost import Fixed, teach
 
 
@@ -31,9 +31,10 @@ def test_an_ask_saves_its_kept_tokens_less_its_rows_its_drafting_and_what_it_dis
 
 def test_the_average_stops_a_drafter_only_over_enough_asks_and_then_follows_the_recent() -> None:
     book = AskLedger()
-    for _ in range(LEAST - 1):  # asks that clearly lose: each paid for a draft never verified
+    for _ in range(LEAST - 1):  # asks that clearly lose: each kept a token, for 1.2 steps
         book.asked(0, paid=0.2)
-        book.settle(0, None)
+        book.offered(0, rows=2.0)
+        book.settle(0, kept=1)
     assert book.paying(0)  # too few asks to say
     book.asked(0, paid=0.2)
     book.forget(0)  # a new sequence on the slot: its open ask brought nothing
@@ -102,15 +103,16 @@ def test_a_drafter_whose_rates_promise_what_its_asks_never_bring_is_stopped(
     in_chain: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its rates say every ask pays; every draft misses. Without the ledger it is asked in
-    every step; with it, after LEAST asks only to revisit, alone or in a chain. When its
-    drafts turn right, the revisits bring it back."""
+    every step; with it, after EARLY asks (none kept a token) only to revisit, alone or in
+    a chain. When its drafts turn right, the revisits bring it back."""
     steps = 6 * REVISIT
     with monkeypatch.context() as m:
         m.setattr(ledger, "LEAST", 10**9)  # no ledger
+        m.setattr(ledger, "EARLY", 10**9)
         assert all(_asks_per_step(*_promising(in_chain), steps, right=False))
     spec, head = _promising(in_chain)
     asked = _asks_per_step(spec, head, steps, right=False)
-    assert all(asked[:LEAST]) and sum(asked[LEAST:]) <= (steps - LEAST) // REVISIT + 1
+    assert all(asked[:EARLY]) and sum(asked[EARLY:]) <= (steps - EARLY) // REVISIT + 1
     back = _asks_per_step(spec, head, 16 * REVISIT, right=True)
     assert all(back[-REVISIT:])
 
@@ -131,6 +133,29 @@ def test_each_sequence_is_judged_by_its_own_asks_once_it_has_enough() -> None:
     book.forget(1)  # a new request on slot 1: no record of its own, so the pooled one
     assert book.paying(1)
     assert book.paying(2)  # a slot never asked on
+
+
+def test_a_sequence_whose_asks_kept_nothing_is_judged_by_its_own_record_early() -> None:
+    """Beside a sequence whose asks pay, one whose asks keep no token is stopped after
+    EARLY of them; one whose asks lose as much but kept a token is carried by the pooled
+    record until it has LEAST."""
+    book = AskLedger()
+    for _ in range(LEAST):
+        book.asked(0, paid=0.2)
+        book.offered(0, rows=1.2)
+        book.settle(0, kept=2)
+    for i in range(LEAST):
+        assert book.paying(1) == (i < EARLY)
+        assert book.paying(2) and book.paying(0)
+        book.asked(1, paid=0.1)
+        book.offered(1, rows=1.2)
+        book.settle(1, kept=0)
+        book.asked(2, paid=0.1)
+        book.offered(2, rows=2.2 if i else 2.0)  # one token kept, for a whole step's rows
+        book.settle(2, kept=0 if i else 1)
+    assert not book.paying(1) and not book.paying(2)  # its own record, at LEAST
+    book.forget(1)  # a new sequence: no record of its own, so the pooled one's
+    assert book.paying(1)
 
 
 def _asks_per_slot(spec: Speculator, drafter: Fixed, steps: int) -> list[list[int]]:
@@ -154,12 +179,12 @@ def test_a_drafter_losing_on_one_slot_is_stopped_there_while_paying_on_another(
     in_chain: bool,
 ) -> None:
     """Its rates promise every token on both slots; on slot 1 none is kept. It stays asked
-    in every step on slot 0 and, after LEAST asks, only revisits slot 1."""
+    in every step on slot 0 and, after EARLY asks that kept nothing, only revisits slot 1."""
     spec, head = _promising(in_chain)
     steps = 8 * REVISIT
     good, bad = _asks_per_slot(spec, head, steps)
     assert all(good)
-    assert all(bad[:LEAST]) and sum(bad[LEAST:]) <= (steps - LEAST) // REVISIT + 1
+    assert all(bad[:EARLY]) and sum(bad[EARLY:]) <= (steps - EARLY) // REVISIT + 1
 
 
 def test_a_costly_drafter_in_a_chain_is_judged_against_the_draft_it_would_displace() -> None:
@@ -221,7 +246,7 @@ def test_a_revisit_the_ledger_alone_called_for_asks_the_whole_length_worth_draft
         head.accept(0, 0)
         context.append(1)
     assert not head.worth.ledger.paying(0)
-    assert LEAST < len(head.n_max_seen) < LEAST + 3 and set(head.n_max_seen) == {3}
+    assert EARLY < len(head.n_max_seen) < EARLY + 3 and set(head.n_max_seen) == {3}
 
 
 def test_a_benchmark_reports_the_ledgers_of_the_costly_drafters_alone() -> None:
