@@ -84,8 +84,8 @@ class AskLedger:
         self.mean = 0.0  # the steps they saved, on average (the module doc)
         self.saved = 0.0  # and in all, with how often the average fell below STOP_BELOW
         self.stops = 0
-        self._own: dict[int, tuple[int, float]] = {}  # slot -> its sequence's (asks, mean)
-        self._kept: dict[int, int] = {}  # slot -> the tokens its sequence's asks kept
+        # slot -> its sequence's (asks, mean, tokens its asks kept)
+        self._own: dict[int, tuple[int, float, int]] = {}
 
     def asked(self, slot: int, paid: float) -> None:
         """The drafter was asked for `slot` and paid `paid` steps; the ask before it, if
@@ -111,8 +111,8 @@ class AskLedger:
         saved = -ask.paid if kept is None else kept - (ask.rows - 1) - ask.paid - ask.against
         was = self.paying(slot)
         self.asks, self.mean = _moved(self.asks, self.mean, saved)
-        self._own[slot] = _moved(*self._own.get(slot, (0, 0.0)), saved)
-        self._kept[slot] = self._kept.get(slot, 0) + (kept or 0)
+        asks, mean, tokens = self._own.get(slot, (0, 0.0, 0))
+        self._own[slot] = (*_moved(asks, mean, saved), tokens + (kept or 0))
         self.saved += saved
         self.stops += int(was and not self.paying(slot))
 
@@ -131,7 +131,6 @@ class AskLedger:
         the new one starts with no record of its own."""
         self.settle(slot, None)
         self._own.pop(slot, None)
-        self._kept.pop(slot, None)
 
     def paying(self, slot: int) -> bool:
         """Whether the recent asks on the slot's sequence, or while it has fewer than LEAST
@@ -139,8 +138,8 @@ class AskLedger:
         (or are too few to say). A margin under zero, not MIN_GAIN's over it, as the rates
         ask: a head whose asks paid on average was stopped in the hard stretches of an
         answer, and missed the easy ones after."""
-        asks, mean = self._own.get(slot, (0, 0.0))
-        if asks >= LEAST or (asks >= EARLY and not self._kept.get(slot)):
+        asks, mean, kept = self._own.get(slot, (0, 0.0, 0))
+        if asks >= LEAST or (asks >= EARLY and not kept):
             return mean >= STOP_BELOW
         return self.asks < LEAST or self.mean >= STOP_BELOW
 
