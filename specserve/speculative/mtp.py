@@ -197,8 +197,7 @@ class HiddenStateDrafter(Speculator):
                 else:
                     # the head's runners-up come beside its token: where its top-1 misses,
                     # its top-2 is often the target's (docs/perf/2026-12-04-head-context.md)
-                    floor = req.p_min if draft else 0.0
-                    (best, p), *others = top_tokens(logits, 1 + req.alternatives, floor)
+                    (best, p), *others = top_tokens(logits, 1 + req.alternatives)
                     if not draft:  # the first token at any confidence, which labels the draft
                         draft.tier = confidence_tier(p)
                     elif req.p_min > 0 and p < req.p_min:
